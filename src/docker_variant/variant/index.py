@@ -1,0 +1,199 @@
+"""The variant index document (SPEC section 5): its model, parser and builder.
+
+The proxy serves it and the client builds it when there is no proxy; both call
+``build_index`` so the two documents are the same byte for byte after key sorting.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from docker_variant.errors import InvalidInputError
+from docker_variant.variant.labels import LABEL_KEY, read_labels
+from docker_variant.variant.model import Variant, check_namespace
+from docker_variant.variant.ordering import complete_namespace_order, merge_namespace_orders
+
+__all__ = ["SCHEMA_URL", "ImageRecord", "ImageRef", "InvalidImage", "VariantIndex", "build_index"]
+
+SCHEMA_URL = "https://variants-schema.wheelnext.dev/peps/825/v0.1.1.json"
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    tag: str
+    digest: str
+
+
+@dataclass(frozen=True)
+class InvalidImage:
+    tag: str
+    error: str
+
+
+@dataclass(frozen=True)
+class ImageRecord:
+    """One tag as read from a registry: its labels, or why they could not be read."""
+
+    tag: str
+    digest: str
+    labels: Mapping[str, str] | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class VariantIndex:
+    namespace_order: list[str]
+    variants: dict[str, Variant]
+    images: dict[str, ImageRef] = field(default_factory=dict)
+    bare: ImageRef | None = None
+    invalid: list[InvalidImage] = field(default_factory=list)
+
+    def tag_of(self, label: str) -> str:
+        image = self.images.get(label)
+        return image.tag if image else label
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "$schema": SCHEMA_URL,
+            "default-priorities": {"namespace": list(self.namespace_order)},
+            "variants": {label: v.to_json() for label, v in sorted(self.variants.items())},
+            "images": {
+                label: {"tag": ref.tag, "digest": ref.digest}
+                for label, ref in sorted(self.images.items())
+            },
+            "bare": None
+            if self.bare is None
+            else {"tag": self.bare.tag, "digest": self.bare.digest},
+            "invalid": [{"tag": i.tag, "error": i.error} for i in self.invalid],
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, data: object, source: str) -> VariantIndex:
+        """Validate a section 5 document (or a plain PEP 825 ``variants.json``)."""
+        if not isinstance(data, dict):
+            raise InvalidInputError(f"{source}: an index document must be a JSON object")
+        raw_variants = data.get("variants")
+        if not isinstance(raw_variants, dict):
+            raise InvalidInputError(
+                f"{source}: 'variants' must be an object of label -> properties"
+            )
+        variants = {
+            label: Variant.from_json(label, props, f"{source}: variant {label!r}")
+            for label, props in raw_variants.items()
+        }
+        priorities = data.get("default-priorities", {})
+        stated = priorities.get("namespace", []) if isinstance(priorities, dict) else None
+        if not isinstance(stated, list):
+            raise InvalidInputError(
+                f"{source}: 'default-priorities' must be {{\"namespace\": [names]}}"
+            )
+        for name in stated:
+            check_namespace(name, f"{source}: default-priorities.namespace")
+        used = (ns for v in variants.values() for ns in v.namespaces)
+        images = {
+            label: _image_ref(ref, f"{source}: images.{label}")
+            for label, ref in _object(data, "images", source).items()
+        }
+        if unknown := sorted(set(images) - set(variants)):
+            raise InvalidInputError(f"{source}: images.{unknown[0]} names no variant")
+        bare = data.get("bare")
+        invalid = data.get("invalid") or []
+        if not isinstance(invalid, list):
+            raise InvalidInputError(f"{source}: 'invalid' must be a list")
+        return cls(
+            namespace_order=complete_namespace_order(stated, used),
+            variants=variants,
+            images=images,
+            bare=None if bare is None else _image_ref(bare, f"{source}: bare"),
+            invalid=[
+                InvalidImage(str(i.get("tag", "")), str(i.get("error", "")))
+                for i in invalid
+                if isinstance(i, dict)
+            ],
+        )
+
+
+def _object(data: Mapping[str, Any], key: str, source: str) -> dict[str, Any]:
+    value = data.get(key) or {}
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"{source}: {key!r} must be an object")
+    return value
+
+
+def _image_ref(data: object, where: str) -> ImageRef:
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("tag"), str)
+        or not isinstance(data.get("digest", ""), str)
+    ):
+        raise InvalidInputError(f'{where}: expected {{"tag": ..., "digest": ...}}, got {data!r}')
+    return ImageRef(data["tag"], data.get("digest", ""))
+
+
+def build_index(version: str, records: Iterable[ImageRecord]) -> VariantIndex:
+    """Index one version from its tags' labels (SPEC sections 3 and 5).
+
+    Tags of other versions that share the prefix (``1.0.0-ubuntu24.04`` next to ``1.0.0``)
+    are skipped: a tag belongs to ``version`` only if it is ``version`` itself or
+    ``version-<label>`` with ``<label>`` its own variant label.
+    """
+    variants: dict[str, Variant] = {}
+    images: dict[str, ImageRef] = {}
+    bare: ImageRef | None = None
+    invalid: list[InvalidImage] = []
+    stated: list[str] = []
+    stated_by = ""
+
+    for record in sorted(records, key=lambda r: r.tag):
+        if record.tag != version and not record.tag.startswith(f"{version}-"):
+            continue
+        if record.error is not None:
+            invalid.append(InvalidImage(record.tag, record.error))
+            continue
+        label = (record.labels or {}).get(LABEL_KEY)
+        if label is None and record.tag != version:
+            continue  # the bare image of another version
+        if label is not None and record.tag != f"{version}-{label}":
+            if record.tag.endswith(f"-{label}") and record.tag != version:
+                continue  # a variant of another version, e.g. 1.0.0-ubuntu24.04-cu128
+            invalid.append(
+                InvalidImage(
+                    record.tag,
+                    f"{LABEL_KEY}={label} does not match the tag; expected {version}-{label}",
+                )
+            )
+            continue
+        try:
+            parsed = read_labels(record.labels)
+        except InvalidInputError as exc:
+            invalid.append(InvalidImage(record.tag, str(exc)))
+            continue
+        if parsed.namespace_order:
+            merged = merge_namespace_orders(stated, parsed.namespace_order)
+            if merged is None:
+                invalid.append(
+                    InvalidImage(
+                        record.tag,
+                        f"dev.pep817.default-priorities.namespace="
+                        f"{','.join(parsed.namespace_order)} conflicts with "
+                        f"{','.join(stated)} stated by {stated_by}",
+                    )
+                )
+                continue
+            if merged != stated:
+                stated, stated_by = merged, record.tag
+        ref = ImageRef(record.tag, record.digest)
+        if parsed.variant is None:
+            bare = ref
+        else:
+            variants[parsed.variant.label] = parsed.variant
+            images[parsed.variant.label] = ref
+
+    used = (ns for v in variants.values() for ns in v.namespaces)
+    return VariantIndex(complete_namespace_order(stated, used), variants, images, bare, invalid)
