@@ -44,6 +44,11 @@ def raw_label(labels: Mapping[str, str] | None) -> str | None:
     return None if labels is None else labels.get(LABEL_KEY)
 
 
+def _shown(text: str) -> str:
+    """Quote what would break a one-line message."""
+    return text if text.isprintable() else repr(text)
+
+
 def read_labels(labels: Mapping[str, str] | None) -> ImageVariant:
     """Parse an image config's ``Labels``; raises ``InvalidInputError`` naming the bad label."""
     labels = labels or {}
@@ -53,12 +58,13 @@ def read_labels(labels: Mapping[str, str] | None) -> ImageVariant:
             continue
         name = key[len(PROPERTY_PREFIX) :]
         namespace, dot, feature = name.partition(".")
+        where = _shown(key)
         if not dot:
-            raise InvalidInputError(f"{key}: expected {PROPERTY_PREFIX}<namespace>.<feature>")
-        check_namespace(namespace, key)
-        check_feature(feature, key)
+            raise InvalidInputError(f"{where}: expected {PROPERTY_PREFIX}<namespace>.<feature>")
+        check_namespace(namespace, where)
+        check_feature(feature, where)
         if not isinstance(text, str) or not text:
-            raise InvalidInputError(f"{key}: empty value; expected comma-separated values")
+            raise InvalidInputError(f"{where}: empty value; expected comma-separated values")
         properties.extend(Property(namespace, feature, value) for value in text.split(","))
 
     order: tuple[str, ...] = ()
@@ -77,12 +83,14 @@ def read_labels(labels: Mapping[str, str] | None) -> ImageVariant:
         if properties:
             raise InvalidInputError(
                 f"{LABEL_KEY}: missing, but the image has variant properties "
-                f"({properties[0]}); a bare image has none"
+                f"({_shown(str(properties[0]))}); a bare image has none"
             )
         return ImageVariant(None, order)
     for prop in properties:
         check_value(prop.value, f"{PROPERTY_PREFIX}{prop.namespace}.{prop.feature}")
-    return ImageVariant(Variant.build(label, properties, where=f"{LABEL_KEY}={label}"), order)
+    return ImageVariant(
+        Variant.build(label, properties, where=f"{LABEL_KEY}={_shown(label)}"), order
+    )
 
 
 def labels_for(

@@ -1,0 +1,3 @@
+from docker_variant.cli import main
+
+main()

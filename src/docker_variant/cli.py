@@ -1,0 +1,308 @@
+"""The ``docker-variant`` command line, also run by Docker as ``docker variant`` (SPEC section 7).
+
+Exit codes: 0 done; 1 no compatible variant; 2 bad input; 3 registry or engine unreachable;
+4 internal error. Errors are one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from docker_variant import __version__
+from docker_variant.errors import DockerVariantError, InvalidInputError, UnreachableError
+from docker_variant.providers import HostReport, detect_host
+from docker_variant.render import host_table, selection_json, selection_table
+from docker_variant.variant import (
+    Selection,
+    VariantIndex,
+    labels_for,
+    parse_property,
+    select,
+)
+
+PLUGIN_METADATA = {
+    "SchemaVersion": "0.1.0",
+    "Vendor": "docker-variant",
+    "Version": __version__,
+    "ShortDescription": "Pull the best PEP 817 variant of an image for this host",
+}
+
+app = typer.Typer(
+    name="docker-variant",
+    help="PEP 817/825 variants for container images.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console(soft_wrap=True)
+
+
+@dataclass
+class Options:
+    """The global options (SPEC section 7), given before or after the command."""
+
+    json: bool = False
+    providers_file: Path | None = None
+    enable_provider: list[str] = field(default_factory=list)
+
+    def host(self, refresh: bool = False) -> HostReport:
+        return detect_host(self.providers_file, self.enable_provider, use_cache=not refresh)
+
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+ProvidersFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--providers-file",
+        envvar="DOCKER_VARIANT_PROVIDERS_FILE",
+        help="Supported lists to use instead of detection.",
+    ),
+]
+EnableOpt = Annotated[
+    list[str] | None,
+    typer.Option("--enable-provider", help="Run the third-party provider plugin for namespace NS."),
+]
+IndexOpt = Annotated[
+    str | None,
+    typer.Option("--index", help="A variant index document (file or URL) instead of REF."),
+]
+
+
+def _options(
+    ctx: typer.Context,
+    json_: bool = False,
+    providers_file: Path | None = None,
+    enable: list[str] | None = None,
+) -> Options:
+    base: Options = ctx.obj if isinstance(ctx.obj, Options) else Options()
+    return Options(
+        json=json_ or base.json,
+        providers_file=providers_file or base.providers_file,
+        enable_provider=[*base.enable_provider, *(enable or [])],
+    )
+
+
+@app.callback()
+def _global(
+    ctx: typer.Context,
+    json_: JsonOpt = False,
+    providers_file: ProvidersFileOpt = None,
+    enable: EnableOpt = None,
+) -> None:
+    ctx.obj = Options(json_, providers_file, list(enable or []))
+
+
+def _emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+@app.command()
+def providers(
+    ctx: typer.Context,
+    devices: Annotated[
+        bool, typer.Option("--devices", help="Also each device's own lists.")
+    ] = False,
+    refresh: Annotated[bool, typer.Option("--refresh", help="Ignore the detection cache.")] = False,
+    json_: JsonOpt = False,
+    providers_file: ProvidersFileOpt = None,
+    enable: EnableOpt = None,
+) -> None:
+    """Print what this host supports (SPEC section 4)."""
+    opts = _options(ctx, json_, providers_file, enable)
+    report = opts.host(refresh)
+    if opts.json:
+        _emit_json(report.to_json() if devices else report.host)
+        return
+    console.print(host_table(report.host))
+    if devices:
+        for kind, by_id in report.devices.items():
+            for device_id, lists in by_id.items():
+                console.print(f"\n[bold]{kind} device {device_id}[/]")
+                console.print(host_table(lists))
+
+
+@app.command()
+def labels(
+    ctx: typer.Context,
+    label: Annotated[str, typer.Option("--label", help="The variant label, e.g. cu128 (or null).")],
+    prop: Annotated[
+        list[str] | None,
+        typer.Option("--property", help='A property "namespace :: feature :: value"; repeat.'),
+    ] = None,
+    namespace_order: Annotated[
+        str | None,
+        typer.Option(
+            "--namespace-order", help="Comma-separated namespace priority, e.g. nvidia,x86_64."
+        ),
+    ] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Validate a variant and print its image labels as `--label k=v` build arguments."""
+    opts = _options(ctx, json_)
+    order = [ns for ns in (namespace_order or "").split(",") if ns]
+    result = labels_for(label, [parse_property(p) for p in prop or []], order)
+    if opts.json:
+        _emit_json(result)
+    else:
+        sys.stdout.write(" ".join(f"--label {k}={v}" for k, v in result.items()) + "\n")
+
+
+def _load_index(source: str) -> VariantIndex:
+    if source.startswith(("http://", "https://")):
+        import httpx
+
+        try:
+            response = httpx.get(source, timeout=30, follow_redirects=True)
+            response.raise_for_status()
+            data = response.json()
+        except httpx.HTTPError as exc:
+            raise UnreachableError(f"index {source}: {exc}") from exc
+        except ValueError as exc:
+            raise UnreachableError(f"index {source}: the answer is not JSON ({exc})") from exc
+    else:
+        try:
+            data = json.loads(Path(source).read_text())
+        except OSError as exc:
+            raise InvalidInputError(
+                f"index file {source!r}: cannot read it ({exc.strerror})"
+            ) from exc
+        except ValueError as exc:
+            raise InvalidInputError(f"index file {source!r}: not valid JSON ({exc})") from exc
+    return VariantIndex.from_json(data, f"index {source}")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What ls/resolve/pull work on: an index, and the reference it came from if any."""
+
+    index: VariantIndex
+    reference: Any = None  # an oci.Reference; None for --index
+
+    def describe(self) -> str:
+        return str(self.reference) if self.reference is not None else "the index"
+
+    def chosen_ref(self, tag: str) -> str:
+        return tag if self.reference is None else str(self.reference.with_tag(tag))
+
+
+def _target(ref: str | None, index: str | None) -> Target:
+    if (ref is None) == (index is None):
+        raise InvalidInputError(
+            "give exactly one of REF (registry/name:version) or --index FILE|URL"
+        )
+    if index is not None:
+        return Target(_load_index(index))
+    from docker_variant.oci.source import fetch_index
+
+    assert ref is not None
+    reference, variant_index = fetch_index(ref)
+    return Target(variant_index, reference)
+
+
+def _select(opts: Options, target: Target) -> Selection:
+    return select(target.index, opts.host().host)
+
+
+def _report_no_match(selection: Selection, target: Target) -> None:
+    sys.stderr.write(f"docker-variant: no variant of {target.describe()} fits this host:\n")
+    for c in selection.rejected:
+        sys.stderr.write(f"  {c.label or c.tag}: {c.reason}\n")
+    if not selection.rejected:
+        sys.stderr.write("  (the version has no images)\n")
+
+
+@app.command("ls")
+def ls_(
+    ctx: typer.Context,
+    ref: Annotated[str | None, typer.Argument(help="registry/name:version")] = None,
+    index: IndexOpt = None,
+    json_: JsonOpt = False,
+    providers_file: ProvidersFileOpt = None,
+    enable: EnableOpt = None,
+) -> None:
+    """List every variant: compatible or not (with the reason), rank and tag."""
+    opts = _options(ctx, json_, providers_file, enable)
+    target = _target(ref, index)
+    selection = _select(opts, target)
+    if opts.json:
+        _emit_json(selection_json(selection, str(target.reference) if target.reference else None))
+    else:
+        console.print(selection_table(selection, f"Variants of {target.describe()}"))
+
+
+@app.command()
+def resolve(
+    ctx: typer.Context,
+    ref: Annotated[str | None, typer.Argument(help="registry/name:version")] = None,
+    index: IndexOpt = None,
+    json_: JsonOpt = False,
+    providers_file: ProvidersFileOpt = None,
+    enable: EnableOpt = None,
+) -> None:
+    """Print the reference of the best variant for this host."""
+    opts = _options(ctx, json_, providers_file, enable)
+    target = _target(ref, index)
+    selection = _select(opts, target)
+    best = selection.best
+    if best is None:
+        if opts.json:
+            _emit_json(selection_json(selection, None))
+        _report_no_match(selection, target)
+        raise typer.Exit(1)
+    chosen = target.chosen_ref(best.tag)
+    if opts.json:
+        _emit_json(
+            {
+                "reference": chosen,
+                "label": best.label,
+                "tag": best.tag,
+                "digest": best.digest,
+                "kind": best.kind,
+            }
+        )
+    else:
+        sys.stdout.write(chosen + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["docker-cli-plugin-metadata"]:
+        sys.stdout.write(json.dumps(PLUGIN_METADATA) + "\n")
+        return
+    prog = "docker-variant"
+    if args[:1] == ["variant"]:  # run by the Docker CLI as a plugin
+        args, prog = args[1:], "docker variant"
+    try:
+        code = app(args=args, prog_name=prog, standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.stderr.write("docker-variant: interrupted\n")
+        sys.exit(130)
+    except typer.TyperException as exc:  # usage errors: bad option, unknown command
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        else:
+            sys.stderr.write(f"docker-variant: {exc}\n")
+        sys.exit(2)
+    except DockerVariantError as exc:
+        sys.stderr.write(f"docker-variant: {exc}\n")
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.stderr.write("docker-variant: interrupted\n")
+        sys.exit(130)
+    except Exception as exc:  # a bug: still one line, never a traceback
+        sys.stderr.write(f"docker-variant: internal error: {type(exc).__name__}: {exc}\n")
+        sys.exit(4)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,74 @@
+"""Human and JSON renderings of selections and host lists, shared by CLI commands."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from docker_variant.variant import Candidate, Selection, SupportedLists, Variant
+
+__all__ = ["candidate_json", "host_table", "properties_text", "selection_json", "selection_table"]
+
+
+def properties_text(variant: Variant | None) -> str:
+    if variant is None:
+        return ""
+    return "\n".join(
+        f"{ns} :: {feature} :: {','.join(values)}"
+        for ns, features in variant.properties.items()
+        for feature, values in features.items()
+    )
+
+
+def candidate_json(candidate: Candidate) -> dict[str, Any]:
+    return {
+        "label": candidate.label,
+        "tag": candidate.tag,
+        "digest": candidate.digest,
+        "kind": candidate.kind,
+        "compatible": candidate.compatible,
+        "rank": candidate.rank,
+        "reason": candidate.reason,
+        "properties": candidate.variant.to_json() if candidate.variant else {},
+    }
+
+
+def selection_json(selection: Selection, reference: str | None) -> dict[str, Any]:
+    best = selection.best
+    return {
+        "reference": reference,
+        "selected": candidate_json(best) if best else None,
+        "variants": [candidate_json(c) for c in selection.candidates],
+    }
+
+
+def selection_table(selection: Selection, title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("rank", "label", "tag", "fits", "properties / reason"):
+        table.add_column(column, overflow="fold")
+    for c in selection.candidates:
+        if c.compatible:
+            fits, detail = "[green]yes[/]", properties_text(c.variant) or f"({c.kind})"
+        else:
+            fits, detail = (
+                "[red]no[/]" if c.kind != "invalid" else "[red]invalid[/]",
+                c.reason or "",
+            )
+        table.add_row(str(c.rank or "-"), c.label or f"({c.kind})", c.tag, fits, detail)
+    return table
+
+
+def host_table(host: SupportedLists, limit: int = 8) -> Table:
+    table = Table(title="Supported properties (most preferred first)", title_justify="left")
+    for column in ("namespace", "feature", "values"):
+        table.add_column(column, overflow="fold")
+    for namespace, features in host.items():
+        if not features:
+            table.add_row(namespace, "[dim](nothing on this host)[/]", "")
+        for feature, values in features.items():
+            shown = ", ".join(values[:limit])
+            if len(values) > limit:
+                shown += f", ... ({len(values)} values)"
+            table.add_row(namespace, feature, shown)
+    return table

@@ -1,0 +1,238 @@
+"""The CLI on index documents and providers files: output, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+INDEX = {
+    "$schema": "https://variants-schema.wheelnext.dev/peps/825/v0.1.1.json",
+    "default-priorities": {"namespace": ["nvidia", "x86_64"]},
+    "variants": {
+        "cu128": {"nvidia": {"cuda_version_lower_bound": ["12.8"], "sm_arch": ["90_real"]}},
+        "cu126": {"nvidia": {"cuda_version_lower_bound": ["12.6"]}},
+        "sm100": {"nvidia": {"sm_arch": ["100_real"]}},
+        "v3": {"x86_64": {"level": ["v3"]}},
+        "npu": {"furiosa": {"arch": ["rngd"]}},
+        "null": {},
+    },
+    "images": {
+        label: {"tag": f"1.0.0-{label}", "digest": f"sha256:{label}"}
+        for label in ("cu128", "cu126", "sm100", "v3", "npu", "null")
+    },
+    "bare": {"tag": "1.0.0", "digest": "sha256:bare"},
+    "invalid": [
+        {
+            "tag": "1.0.0-bad",
+            "error": "dev.pep817.variant.nvidia.sm_arch: value '9.0 ' does not match [a-z0-9_.]+",
+        }
+    ],
+}
+H200 = {
+    "nvidia": {
+        "cuda_version_lower_bound": ["12.8", "12.7", "12.6", "12"],
+        "sm_arch": ["90_real", "90_virtual"],
+    },
+    "x86_64": {"level": ["v3", "v2", "v1"]},
+}
+
+
+def run(
+    *args: str, env: dict[str, str] | None = None, tmp: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    if tmp is not None:
+        full_env["XDG_CACHE_HOME"] = str(tmp / "cache")
+    full_env.pop("DOCKER_VARIANT_PROVIDERS_FILE", None) if "DOCKER_VARIANT_PROVIDERS_FILE" not in (
+        env or {}
+    ) else None
+    return subprocess.run(
+        [sys.executable, "-m", "docker_variant", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=60,
+    )
+
+
+def write(tmp: Path, name: str, data: Any) -> str:
+    path = tmp / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, needle: str) -> None:
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr
+    assert needle in result.stderr
+    assert len([line for line in result.stderr.splitlines() if line.strip()]) >= 1
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, str]:
+    return {
+        "index": write(tmp_path, "index.json", INDEX),
+        "h200": write(tmp_path, "h200.json", H200),
+        "cpu": write(tmp_path, "cpu.json", {"x86_64": {"level": ["v2", "v1"]}}),
+        "arm": write(tmp_path, "arm.json", {"aarch64": {"version": ["8.2a"]}}),
+    }
+
+
+def test_resolve_and_ls_with_index(files: dict[str, str], tmp_path: Path) -> None:
+    result = run("resolve", "--index", files["index"], "--providers-file", files["h200"])
+    assert (result.returncode, result.stdout) == (0, "1.0.0-cu128\n")
+    # global options may come before the command too
+    result = run("--json", "--providers-file", files["cpu"], "resolve", "--index", files["index"])
+    assert json.loads(result.stdout)["label"] == "null"
+    listing = json.loads(
+        run("ls", "--index", files["index"], "--providers-file", files["h200"], "--json").stdout
+    )
+    ranked = [(v["label"], v["rank"]) for v in listing["variants"] if v["compatible"]]
+    assert ranked == [("cu128", 1), ("cu126", 2), ("v3", 3), ("null", 4), (None, 5)]
+    reasons = {
+        v["label"] or v["tag"]: v["reason"] for v in listing["variants"] if not v["compatible"]
+    }
+    assert (
+        reasons["sm100"]
+        == "nvidia :: sm_arch needs one of 100_real; this host supports 90_real, 90_virtual"
+    )
+    assert reasons["npu"] == "no provider for namespace furiosa on this host"
+    assert "'9.0 '" in reasons["1.0.0-bad"]
+    human = run("ls", "--index", files["index"], "--providers-file", files["h200"])
+    assert human.returncode == 0 and "cu128" in human.stdout and "furiosa" in human.stdout
+
+
+def test_no_compatible_variant_exits_1_with_every_reason(
+    files: dict[str, str], tmp_path: Path
+) -> None:
+    doc = {"variants": {k: v for k, v in INDEX["variants"].items() if k in ("cu128", "npu")}}
+    result = run(
+        "resolve", "--index", write(tmp_path, "i.json", doc), "--providers-file", files["arm"]
+    )
+    assert result.returncode == 1 and result.stdout == ""
+    assert "cu128: no provider for namespace nvidia on this host" in result.stderr
+    assert "npu: no provider for namespace furiosa" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("providers", "needle"),
+    [
+        ("not json", "not valid JSON"),
+        ("[]", "expected {namespace"),
+        ('{"Nvidia": {}}', "'Nvidia'"),
+        ('{"nvidia": {"sm_arch": "90_real"}}', "non-empty list"),
+        ('{"nvidia": {"sm_arch": []}}', "non-empty list"),
+        ('{"nvidia": {"sm_arch": ["9.0 "]}}', "'9.0 '"),
+        ('{"nvidia": {"sm_arch": ["90_real", "90_real"]}}', "repeats"),
+        ('{"nvidia": ["x"]}', "must map features"),
+    ],
+)
+def test_bad_providers_file_exits_2(
+    files: dict[str, str], tmp_path: Path, providers: str, needle: str
+) -> None:
+    path = write(tmp_path, "bad.json", providers)
+    assert_one_line_error(
+        run("resolve", "--index", files["index"], "--providers-file", path), 2, needle
+    )
+    env = {"DOCKER_VARIANT_PROVIDERS_FILE": path}
+    assert_one_line_error(run("providers", env=env), 2, needle)
+
+
+def test_bad_input_exits_2(files: dict[str, str], tmp_path: Path) -> None:
+    assert_one_line_error(
+        run("resolve", "--index", str(tmp_path / "missing.json")), 2, "missing.json"
+    )
+    assert_one_line_error(
+        run("resolve", "--index", write(tmp_path, "x.json", "{")), 2, "not valid JSON"
+    )
+    bad = write(tmp_path, "b.json", {"variants": {"cu 128": {}}})
+    assert_one_line_error(
+        run("ls", "--index", bad, "--providers-file", files["h200"]), 2, "'cu 128'"
+    )
+    assert_one_line_error(
+        run("resolve", "--providers-file", files["h200"]), 2, "exactly one of REF"
+    )
+    assert_one_line_error(
+        run("providers", "--providers-file", str(tmp_path / "nope.json")), 2, "nope.json"
+    )
+    assert_one_line_error(
+        run("providers", "--enable-provider", "nosuchns", tmp=tmp_path), 2, "nosuchns"
+    )
+    assert_one_line_error(run("nosuchcommand"), 2, "nosuchcommand")
+
+
+def test_labels_prints_build_args_and_rejects_bad_properties() -> None:
+    result = run(
+        "labels",
+        "--label",
+        "cu128",
+        "--property",
+        "nvidia :: cuda_version_lower_bound :: 12.8",
+        "--property",
+        "nvidia :: sm_arch :: 90_real",
+        "--property",
+        "nvidia :: sm_arch :: 100_real",
+    )
+    assert result.returncode == 0
+    assert result.stdout.split() == [
+        "--label",
+        "dev.pep817.variant-label=cu128",
+        "--label",
+        "dev.pep817.variant.nvidia.cuda_version_lower_bound=12.8",
+        "--label",
+        "dev.pep817.variant.nvidia.sm_arch=90_real,100_real",
+    ]
+    assert json.loads(run("--json", "labels", "--label", "null").stdout) == {
+        "dev.pep817.variant-label": "null"
+    }
+    assert_one_line_error(
+        run("labels", "--label", "cu128", "--property", "nvidia :: sm_arch :: 9.0 x"),
+        2,
+        "nvidia :: sm_arch :: 9.0 x",
+    )
+    assert_one_line_error(
+        run("labels", "--label", "Cu128", "--property", "nvidia :: sm_arch :: 90_real"),
+        2,
+        "'Cu128'",
+    )
+    assert_one_line_error(
+        run("labels", "--label", "null", "--property", "nvidia :: sm_arch :: 90_real"),
+        2,
+        "reserved",
+    )
+    assert_one_line_error(run("labels", "--label", "cu128"), 2, "no properties")
+
+
+def test_providers_reports_overrides_and_uses_the_file(
+    files: dict[str, str], tmp_path: Path
+) -> None:
+    result = run("providers", "--json", "--providers-file", files["h200"])
+    assert json.loads(result.stdout) == H200
+    env = {
+        "NV_VARIANT_PROVIDER_FORCE_CUDA_DRIVER_VERSION": "12.7",
+        "NV_VARIANT_PROVIDER_FORCE_SM_ARCH": "12.5",
+    }
+    host = json.loads(run("providers", "--json", env=env, tmp=tmp_path).stdout)
+    assert host["nvidia"]["cuda_version_lower_bound"][0] == "12.7"
+    assert host["nvidia"]["sm_arch"][0] == "125_real"
+    assert set(host) >= {"nvidia", "x86_64", "aarch64"}
+    # the cache is keyed by the override variables: a different value is not served stale
+    env["NV_VARIANT_PROVIDER_FORCE_SM_ARCH"] = "9.0"
+    host = json.loads(run("providers", "--json", env=env, tmp=tmp_path).stdout)
+    assert host["nvidia"]["sm_arch"] == ["90_real", "90_virtual"]
+    bad = run("providers", env={"NV_VARIANT_PROVIDER_FORCE_SM_ARCH": "9"}, tmp=tmp_path)
+    assert_one_line_error(bad, 2, "NV_VARIANT_PROVIDER_FORCE_SM_ARCH")
+
+
+def test_docker_cli_plugin_protocol(files: dict[str, str]) -> None:
+    metadata = json.loads(run("docker-cli-plugin-metadata").stdout)
+    assert metadata["SchemaVersion"] == "0.1.0"
+    assert set(metadata) == {"SchemaVersion", "Vendor", "Version", "ShortDescription"}
+    result = run("variant", "resolve", "--index", files["index"], "--providers-file", files["h200"])
+    assert (result.returncode, result.stdout) == (0, "1.0.0-cu128\n")
