@@ -20,6 +20,7 @@ from docker_variant.errors import DockerVariantError, InvalidInputError, Unreach
 from docker_variant.providers import HostReport, detect_host
 from docker_variant.render import host_table, selection_json, selection_table
 from docker_variant.variant import (
+    Candidate,
     Selection,
     VariantIndex,
     labels_for,
@@ -42,6 +43,7 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 @dataclass
@@ -269,6 +271,132 @@ def resolve(
         )
     else:
         sys.stdout.write(chosen + "\n")
+
+
+def _chosen_message(best: Candidate, reference: Any) -> str:
+    what = f'variant "{best.label}"' if best.label else "the bare image"
+    return f"Selected {what} of {reference.name} version {reference.tag}"
+
+
+@app.command()
+def pull(
+    ctx: typer.Context,
+    ref: Annotated[str, typer.Argument(help="registry/name:version")],
+    index: IndexOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the choice only.")] = False,
+    json_: JsonOpt = False,
+    providers_file: ProvidersFileOpt = None,
+    enable: EnableOpt = None,
+) -> None:
+    """Pull the best variant of REF for this host and tag it as REF and as its own tag."""
+    from docker_variant.docker import Engine, LayerProgress, pull_candidate
+    from docker_variant.oci.reference import parse_reference
+
+    opts = _options(ctx, json_, providers_file, enable)
+    reference = parse_reference(ref)
+    if reference.tag is None or reference.digest is not None:
+        raise InvalidInputError(f"{ref}: pull needs registry/name:version (a tag, no digest)")
+    engine = None if dry_run else Engine()
+    try:
+        if engine is not None:
+            engine.ping()  # fail fast, before any registry traffic
+        target = Target(_load_index(index), reference) if index else _target(ref, None)
+        selection = _select(opts, target)
+        best = selection.best
+        if best is None:
+            if not opts.json:
+                err_console.print(selection_table(selection, f"Variants of {reference}"))
+            _report_no_match(selection, target)
+            raise typer.Exit(1)
+        message = _chosen_message(best, reference)
+        result = None
+        if engine is not None:
+            with LayerProgress("pull", console=err_console, enabled=not opts.json) as progress:
+                result = pull_candidate(engine, reference, best, progress)
+    finally:
+        if engine is not None:
+            engine.close()
+    if opts.json:
+        _emit_json(
+            {
+                "reference": str(reference),
+                "chosen": target.chosen_ref(best.tag),
+                "label": best.label,
+                "kind": best.kind,
+                "digest": best.digest,
+                "image_id": result.image_id if result else None,
+                "tags": list(result.tags) if result else [],
+            }
+        )
+    else:
+        sys.stdout.write(message + "\n")
+
+
+@app.command()
+def push(
+    ctx: typer.Context,
+    ref: Annotated[
+        str, typer.Argument(help="registry/name:version-label (or :version for a bare image)")
+    ],
+    json_: JsonOpt = False,
+) -> None:
+    """Check the local image's variant labels against its tag, then push it."""
+    from docker_variant.docker import Engine, LayerProgress, push_image
+    from docker_variant.oci.source import refresh_proxy_index
+
+    opts = _options(ctx, json_)
+    with (
+        Engine() as engine,
+        LayerProgress("push", console=err_console, enabled=not opts.json) as progress,
+    ):
+        reference, variant = push_image(engine, ref, progress)
+    label = variant.label if variant else None
+    version = reference.tag[: -len(label) - 1] if label and reference.tag else reference.tag
+    refreshed = refresh_proxy_index(reference, version or "")
+    if opts.json:
+        _emit_json(
+            {
+                "reference": str(reference),
+                "label": label,
+                "version": version,
+                "proxy_index_refreshed": refreshed,
+            }
+        )
+    else:
+        what = f'variant "{label}"' if label else "bare image"
+        sys.stdout.write(f"Pushed {what} of {reference.name} version {version}\n")
+
+
+@app.command("install-plugin")
+def install_plugin(
+    directory: Annotated[
+        Path | None,
+        typer.Option("--dir", help="Plugin directory (default $DOCKER_CONFIG/cli-plugins)."),
+    ] = None,
+) -> None:
+    """Make `docker variant ...` run this docker-variant."""
+    import os
+    import shutil
+
+    root = (
+        directory
+        or Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "cli-plugins"
+    )
+    executable = shutil.which("docker-variant") or str(
+        Path(sys.executable).parent / "docker-variant"
+    )
+    if not Path(executable).exists():
+        raise InvalidInputError(
+            f"cannot find the docker-variant executable (looked at {executable})"
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / "docker-variant"
+    tmp = target.with_suffix(".tmp")
+    # A wrapper, not a copy: the console script needs its own interpreter and environment.
+    tmp.write_text(f'#!/bin/sh\nexec "{Path(executable).resolve()}" "$@"\n')
+    tmp.chmod(0o755)
+    tmp.replace(target)
+    sys.stdout.write(f"Installed the Docker CLI plugin at {target}; try: docker variant --help\n")
 
 
 def main(argv: list[str] | None = None) -> None:

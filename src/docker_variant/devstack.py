@@ -1,0 +1,169 @@
+"""Start a loopback registry, a variant-proxy and a private Docker engine.
+
+Used by the demo, the tests and the benchmarks, so there is one way to bring these up. Each
+service listens on 127.0.0.1 (or a socket in its own temp dir) and is stopped by its pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+__all__ = ["Service", "free_port", "start_dockerd", "start_proxy", "start_registry"]
+
+
+class StartError(RuntimeError):
+    pass
+
+
+@dataclass
+class Service:
+    name: str
+    process: subprocess.Popen[bytes]
+    address: str  # "127.0.0.1:PORT", or "unix:///.../docker.sock" for the engine
+    root: Path
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log_tail(self, size: int = 2000) -> str:
+        with contextlib.suppress(OSError):
+            return self.log.read_text(errors="replace")[-size:]
+        return ""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _spawn(
+    name: str, argv: list[str], root: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], Path]:
+    log = root / f"{name}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    return process, log
+
+
+def _wait(service: Service, ready: Callable[[], bool], timeout: float) -> Service:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if service.process.poll() is not None:
+            break
+        with contextlib.suppress(httpx.TransportError, OSError):
+            if ready():
+                return service
+        time.sleep(0.05)
+    service.stop()
+    raise StartError(f"{service.name} did not start: {service.log_tail()}")
+
+
+def _http_ready(url: str) -> Callable[[], bool]:
+    return lambda: httpx.get(url, timeout=1).status_code in (200, 401)
+
+
+def start_registry(root: Path, htpasswd: Path | None = None, timeout: float = 15) -> Service:
+    """Debian's ``docker-registry`` (distribution 2.8) on a free loopback port."""
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        raise StartError("docker-registry is not installed (Debian package docker-registry)")
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    lines = [
+        "version: 0.1",
+        "log:",
+        "  level: error",
+        "  accesslog:",
+        "    disabled: true",
+        "http:",
+        f"  addr: 127.0.0.1:{port}",
+        "storage:",
+        "  filesystem:",
+        f"    rootdirectory: {root / 'storage'}",
+        "  delete:",
+        "    enabled: true",
+    ]
+    if htpasswd is not None:
+        lines += ["auth:", "  htpasswd:", "    realm: docker-variant", f"    path: {htpasswd}"]
+    config = root / "registry.yml"
+    config.write_text("\n".join(lines) + "\n")
+    process, log = _spawn("registry", [binary, "serve", str(config)], root)
+    service = Service("docker-registry", process, f"127.0.0.1:{port}", root, log)
+    return _wait(service, _http_ready(f"{service.url}/v2/"), timeout)
+
+
+def start_proxy(upstream: str, root: Path, cache_ttl: float = 30, timeout: float = 15) -> Service:
+    """``variant-proxy`` in front of ``upstream``, on a free loopback port."""
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "docker_variant.proxy",
+        "--upstream",
+        upstream,
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--cache-ttl",
+        str(cache_ttl),
+    ]
+    process, log = _spawn("proxy", argv, root)
+    service = Service("variant-proxy", process, f"127.0.0.1:{port}", root, log)
+    return _wait(service, _http_ready(f"{service.url}/healthz"), timeout)
+
+
+def start_dockerd(root: Path, timeout: float = 60) -> Service:
+    """A private Docker engine (vfs storage, no networking set-up) on a socket under ``root``."""
+    binary = shutil.which("dockerd")
+    if binary is None:
+        raise StartError("dockerd is not installed (Debian package docker.io)")
+    root.mkdir(parents=True, exist_ok=True)
+    sock = root / "docker.sock"
+    argv = [
+        binary,
+        "--iptables=false",
+        "--ip6tables=false",
+        "--bridge=none",
+        "--storage-driver=vfs",
+        f"--host=unix://{sock}",
+        f"--data-root={root / 'data'}",
+        f"--exec-root={root / 'exec'}",
+        f"--pidfile={root / 'docker.pid'}",
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    process, log = _spawn("dockerd", argv, root, env)
+    service = Service("dockerd", process, f"unix://{sock}", root, log)
+
+    def ready() -> bool:
+        transport = httpx.HTTPTransport(uds=str(sock))
+        with httpx.Client(transport=transport, base_url="http://docker", timeout=2) as client:
+            return client.get("/_ping").status_code == 200
+
+    return _wait(service, ready, timeout)

@@ -1,0 +1,220 @@
+"""A small Docker Engine API client (httpx over the engine's socket).
+
+Only what ``docker variant`` needs: ping, inspect, pull, tag, push, remove a tag. The engine
+is found as the Docker CLI finds it: ``DOCKER_HOST``, else ``DOCKER_CONTEXT`` or the config's
+``currentContext``, else ``unix:///var/run/docker.sock``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from docker_variant.errors import InvalidInputError, UnreachableError
+from docker_variant.oci.auth import docker_config_path, load_credentials
+
+__all__ = ["Engine", "EngineError", "ProgressEvent", "engine_host"]
+
+DEFAULT_HOST = "unix:///var/run/docker.sock"
+ProgressEvent = dict[str, Any]
+
+
+class EngineError(UnreachableError):
+    """The engine is unreachable, or refused or failed an operation (exit code 3)."""
+
+
+def _context_host(name: str) -> str:
+    if name == "default":
+        return os.environ.get("DOCKER_HOST") or DEFAULT_HOST
+    root = (
+        docker_config_path().parent
+        / "contexts"
+        / "meta"
+        / hashlib.sha256(name.encode()).hexdigest()
+    )
+    try:
+        meta = json.loads((root / "meta.json").read_text())
+        host = meta["Endpoints"]["docker"]["Host"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InvalidInputError(
+            f"docker context {name!r}: cannot read its endpoint ({exc})"
+        ) from exc
+    if not isinstance(host, str):
+        raise InvalidInputError(f"docker context {name!r}: endpoint host is not a string")
+    return host
+
+
+def engine_host() -> str:
+    if host := os.environ.get("DOCKER_HOST"):
+        return host
+    context = os.environ.get("DOCKER_CONTEXT")
+    if not context:
+        try:
+            config = json.loads(docker_config_path().read_text())
+            context = config.get("currentContext") if isinstance(config, dict) else None
+        except (OSError, ValueError):
+            context = None
+    return _context_host(context) if context else DEFAULT_HOST
+
+
+def _registry_auth_header(registry: str) -> dict[str, str]:
+    creds = load_credentials(registry)
+    if creds is None:
+        return {}
+    payload: dict[str, str] = {"serveraddress": registry}
+    if creds.identity_token:
+        payload["identitytoken"] = creds.identity_token
+    else:
+        payload |= {"username": creds.username or "", "password": creds.password or ""}
+    encoded = base64.urlsafe_b64encode(json.dumps(payload).encode()).decode()
+    return {"X-Registry-Auth": encoded}
+
+
+class Engine:
+    def __init__(self, host: str | None = None, timeout: float = 30.0) -> None:
+        self.host = host or engine_host()
+        if self.host.startswith("unix://"):
+            transport = httpx.HTTPTransport(uds=self.host.removeprefix("unix://"))
+            base = "http://docker"
+        elif self.host.startswith(("tcp://", "http://")):
+            transport = httpx.HTTPTransport()
+            base = "http://" + self.host.split("://", 1)[1]
+        else:
+            raise InvalidInputError(
+                f"DOCKER_HOST {self.host!r}: only unix:// and tcp:// (plain) engines are supported"
+            )
+        # Pull and push streams can be silent for long while a big layer moves: no read timeout.
+        self._http = httpx.Client(
+            transport=transport,
+            base_url=base,
+            timeout=httpx.Timeout(timeout, read=None),
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise EngineError(
+                f"Docker engine at {self.host} is not reachable ({exc or type(exc).__name__})"
+            ) from exc
+        return response
+
+    def _fail(self, response: httpx.Response, what: str) -> EngineError:
+        try:
+            message = response.json().get("message", response.text)
+        except ValueError:
+            message = response.text
+        return EngineError(
+            f"{what}: {str(message).strip().splitlines()[0] if message else response.status_code}"
+        )
+
+    def ping(self) -> None:
+        response = self._request("GET", "/_ping")
+        if response.status_code != 200:
+            raise self._fail(response, f"Docker engine at {self.host}")
+
+    def inspect_image(self, ref: str) -> dict[str, Any] | None:
+        response = self._request("GET", f"/images/{quote(ref, safe='')}/json")
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise self._fail(response, f"inspect {ref}")
+        data: dict[str, Any] = response.json()
+        return data
+
+    def _stream(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        on_event: Callable[[ProgressEvent], None],
+        **kwargs: Any,
+    ) -> None:
+        try:
+            with self._http.stream(method, path, **kwargs) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise self._fail(response, what)
+                for event in _json_lines(response.iter_lines()):
+                    if "error" in event:
+                        detail = event.get("errorDetail", {}).get("message") or event["error"]
+                        raise EngineError(f"{what}: {str(detail).strip().splitlines()[0]}")
+                    on_event(event)
+        except httpx.TransportError as exc:
+            raise EngineError(
+                f"{what}: connection to the Docker engine lost ({exc or type(exc).__name__})"
+            ) from exc
+
+    def pull(
+        self,
+        repository: str,
+        tag_or_digest: str,
+        registry: str,
+        on_event: Callable[[ProgressEvent], None],
+    ) -> None:
+        """Pull ``repository:tag`` or ``repository@digest`` (``repository`` includes the registry)."""
+        self._stream(
+            "POST",
+            "/images/create",
+            f"pull {repository}{'@' if ':' in tag_or_digest else ':'}{tag_or_digest}",
+            on_event,
+            params={"fromImage": repository, "tag": tag_or_digest},
+            headers=_registry_auth_header(registry),
+        )
+
+    def push(
+        self, repository: str, tag: str, registry: str, on_event: Callable[[ProgressEvent], None]
+    ) -> None:
+        self._stream(
+            "POST",
+            f"/images/{quote(repository, safe='')}/push",
+            f"push {repository}:{tag}",
+            on_event,
+            params={"tag": tag},
+            headers=_registry_auth_header(registry) or {"X-Registry-Auth": "e30="},  # "{}"
+        )
+
+    def tag(self, source: str, repository: str, tag: str) -> None:
+        response = self._request(
+            "POST", f"/images/{quote(source, safe='')}/tag", params={"repo": repository, "tag": tag}
+        )
+        if response.status_code != 201:
+            raise self._fail(response, f"tag {source} as {repository}:{tag}")
+
+    def untag(self, ref: str) -> None:
+        response = self._request(
+            "DELETE", f"/images/{quote(ref, safe='')}", params={"noprune": "1"}
+        )
+        if response.status_code not in (200, 404, 409):
+            raise self._fail(response, f"remove tag {ref}")
+
+
+def _json_lines(lines: Iterator[str]) -> Iterator[ProgressEvent]:
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError as exc:
+            raise EngineError(
+                f"the Docker engine sent a malformed progress line: {line[:120]!r}"
+            ) from exc
+        if isinstance(event, dict):
+            yield event

@@ -1,0 +1,70 @@
+"""Per-layer progress bars (rich) fed by the Docker engine's pull and push events."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TransferSpeedColumn,
+)
+
+__all__ = ["LayerProgress"]
+
+_DONE = {"Pull complete", "Already exists", "Pushed", "Layer already exists", "Mounted from"}
+
+
+class LayerProgress:
+    """A context manager whose ``__call__`` takes one engine event."""
+
+    def __init__(self, action: str, console: Console | None = None, enabled: bool = True) -> None:
+        self.action = action
+        self.events: list[dict[str, Any]] = []
+        self._tasks: dict[str, TaskID] = {}
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TextColumn("{task.fields[status]}"),
+            console=console or Console(stderr=True),
+            disable=not enabled,
+        )
+
+    def __enter__(self) -> LayerProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._progress.stop()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+        layer = event.get("id")
+        status = str(event.get("status", ""))
+        if not layer or (":" in str(layer) and not status):
+            return
+        if layer not in self._tasks:
+            if status.startswith(("Pulling from", "The push refers to")):
+                return
+            self._tasks[layer] = self._progress.add_task(
+                f"{self.action} {str(layer)[:12]}", total=None, status=status
+            )
+        task = self._tasks[layer]
+        detail = event.get("progressDetail") or {}
+        total, current = detail.get("total"), detail.get("current")
+        if isinstance(total, int) and total > 0 and isinstance(current, int):
+            self._progress.update(task, total=total, completed=current, status=status)
+        elif any(status.startswith(done) for done in _DONE):
+            known = self._progress.tasks[task].total
+            self._progress.update(task, total=known or 1, completed=known or 1, status=status)
+        else:
+            self._progress.update(task, status=status)

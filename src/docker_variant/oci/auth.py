@@ -1,0 +1,349 @@
+"""Registry credentials from Docker's ``config.json`` and the distribution auth flows.
+
+``RegistryAuth`` answers a 401 the way Docker does: Basic when challenged with
+``Basic``, and the token flow (``GET realm?service=&scope=``) when challenged with
+``Bearer``. Tokens are cached per scope, and a host's challenge is remembered, so after
+the first request of a scan every later one goes out already authorised.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import AsyncGenerator, Callable, Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from docker_variant.errors import InvalidInputError
+from docker_variant.oci.errors import BadUpstreamResponseError, RegistryAuthError
+
+__all__ = [
+    "Credentials",
+    "RegistryAuth",
+    "docker_config_path",
+    "load_credentials",
+    "parse_challenge",
+]
+
+# Docker stores Hub credentials under its v1 index address, for helpers and auths alike.
+_HUB_SERVER = "https://index.docker.io/v1/"
+_HUB_KEYS = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+_HELPER_TIMEOUT_S = 30
+_TOKEN_MARK = "docker_variant_token_request"  # request extension: read this response's body
+_DEFAULT_TOKEN_LIFETIME_S = 60  # the token spec's default when expires_in is absent
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str | None = None
+    password: str | None = None
+    identity_token: str | None = None  # an OAuth2 refresh token (``docker login`` via SSO)
+
+    def basic_header(self) -> str | None:
+        if self.username is None or self.password is None:
+            return None
+        pair = f"{self.username}:{self.password}".encode()
+        return "Basic " + base64.b64encode(pair).decode("ascii")
+
+
+def docker_config_path() -> Path:
+    """``$DOCKER_CONFIG/config.json``, else ``~/.docker/config.json``, as Docker reads it."""
+    root = os.environ.get("DOCKER_CONFIG")
+    return (Path(root) if root else Path.home() / ".docker") / "config.json"
+
+
+def load_credentials(registry: str, config_path: Path | None = None) -> Credentials | None:
+    """The credentials Docker would use for ``registry``; ``None`` when it has none."""
+    path = config_path or docker_config_path()
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidInputError(f"{path}: unreadable Docker config: {exc}") from exc
+    if not isinstance(config, dict):
+        raise InvalidInputError(f"{path}: a Docker config must be a JSON object")
+
+    hub = registry in _HUB_KEYS
+    server = _HUB_SERVER if hub else registry
+    helpers = config.get("credHelpers")
+    helper = helpers.get(registry) if isinstance(helpers, dict) else None
+    helper = helper or config.get("credsStore")
+    if isinstance(helper, str) and helper:
+        found = _from_helper(helper, server)
+        if found is not None:
+            return found
+    auths = config.get("auths")
+    if not isinstance(auths, dict):
+        return None
+    keys = _HUB_KEYS if hub else {registry}
+    for key, entry in auths.items():
+        if (key in keys or _hostname(key) in keys) and isinstance(entry, dict):
+            return _from_auths_entry(entry, f"{path}: auths[{key!r}]")
+    return None
+
+
+def _hostname(key: str) -> str:
+    # Docker's ConvertToHostname: "https://host:5000/v1/" -> "host:5000"
+    return key.removeprefix("https://").removeprefix("http://").partition("/")[0]
+
+
+def _from_auths_entry(entry: dict[str, Any], where: str) -> Credentials | None:
+    username, password = entry.get("username"), entry.get("password")
+    encoded = entry.get("auth")
+    if isinstance(encoded, str) and encoded:
+        try:
+            decoded = base64.b64decode(encoded, validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError) as exc:
+            raise InvalidInputError(f"{where}.auth: not base64 of user:password") from exc
+        username, colon, password = decoded.partition(":")
+        if not colon:
+            raise InvalidInputError(f"{where}.auth: decodes to no 'user:password' pair")
+    token = entry.get("identitytoken")
+    creds = Credentials(
+        username if isinstance(username, str) and username else None,
+        password if isinstance(password, str) else None,
+        token if isinstance(token, str) and token else None,
+    )
+    return None if creds == Credentials() else creds
+
+
+def _from_helper(name: str, server: str) -> Credentials | None:
+    """``docker-credential-<name> get``; a missing or failing helper means no credentials."""
+    try:
+        done = subprocess.run(
+            [f"docker-credential-{name}", "get"],
+            input=server,
+            capture_output=True,
+            text=True,
+            timeout=_HELPER_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None  # "credentials not found in native keychain"
+    try:
+        data = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    username, secret = data.get("Username"), data.get("Secret")
+    if not isinstance(secret, str) or not secret:
+        return None
+    if username == "<token>":  # how helpers hand back an identity token
+        return Credentials(identity_token=secret)
+    return Credentials(username if isinstance(username, str) else None, secret)
+
+
+_PARAM_RE = re.compile(r'([A-Za-z_][\w-]*)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,]*))')
+
+
+def parse_challenge(values: list[str]) -> tuple[str, dict[str, str]] | None:
+    """The first Bearer (else Basic) challenge of ``WWW-Authenticate`` headers."""
+    found: list[tuple[str, dict[str, str]]] = []
+    for value in values:
+        scheme, _, rest = value.strip().partition(" ")
+        params = {
+            m.group(1).lower(): m.group(2).replace('\\"', '"')
+            if m.group(2) is not None
+            else m.group(3)
+            for m in _PARAM_RE.finditer(rest)
+        }
+        found.append((scheme.lower(), params))
+    for wanted in ("bearer", "basic"):
+        for scheme, params in found:
+            if scheme == wanted:
+                return scheme, params
+    return None
+
+
+_SCOPE_PATH_RE = re.compile(r"/v2/(.+?)/(?:manifests/[^/]+|blobs/uploads/.*|blobs/[^/]+|tags/list)")
+
+
+def _guess_scope(request: httpx.Request) -> str | None:
+    """The scope a registry will ask for, so a cached token can go out before any 401."""
+    match = _SCOPE_PATH_RE.fullmatch(request.url.path)
+    if match is None:
+        return None
+    actions = "pull" if request.method in ("GET", "HEAD") else "pull,push"
+    return f"repository:{match.group(1)}:{actions}"
+
+
+@dataclass(frozen=True)
+class _Realm:
+    realm: str
+    service: str | None
+
+
+class RegistryAuth(httpx.Auth):
+    """Basic and Bearer-token auth for one registry's credentials (or none: anonymous)."""
+
+    def __init__(
+        self,
+        credentials: Credentials | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.credentials = credentials
+        self._clock = clock
+        self._basic_hosts: set[str] = set()
+        self._realms: dict[str, _Realm] = {}
+        self._tokens: dict[tuple[_Realm, str], tuple[str, float]] = {}
+
+    @classmethod
+    def from_docker_config(cls, registry: str, config_path: Path | None = None) -> RegistryAuth:
+        return cls(load_credentials(registry, config_path))
+
+    # httpx reads response bodies for an auth flow only if asked to, for every response;
+    # read just the token endpoint's answers so that blob downloads still stream.
+    def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response]:
+        flow = self.auth_flow(request)
+        outgoing = next(flow)
+        while True:
+            response = yield outgoing
+            if outgoing.extensions.get(_TOKEN_MARK):
+                response.read()
+            try:
+                outgoing = flow.send(response)
+            except StopIteration:
+                return
+
+    async def async_auth_flow(
+        self, request: httpx.Request
+    ) -> AsyncGenerator[httpx.Request, httpx.Response]:
+        flow = self.auth_flow(request)
+        outgoing = next(flow)
+        while True:
+            response = yield outgoing
+            if outgoing.extensions.get(_TOKEN_MARK):
+                await response.aread()
+            try:
+                outgoing = flow.send(response)
+            except StopIteration:
+                return
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        if "Authorization" in request.headers:
+            yield request  # a caller's own credentials, passed through untouched
+            return
+        host = request.url.netloc.decode("ascii")
+        basic = self.credentials.basic_header() if self.credentials else None
+        realm, scope = self._realms.get(host), _guess_scope(request)
+        if realm is not None and scope is not None:
+            token = self._cached(realm, scope)
+            if token is None:
+                token = yield from self._fetch_token(request, realm, scope, None)
+            request.headers["Authorization"] = f"Bearer {token}"
+        elif basic is not None and host in self._basic_hosts:
+            request.headers["Authorization"] = basic
+
+        response = yield request
+        if response.status_code != 401:
+            return
+        challenge = parse_challenge(response.headers.get_list("www-authenticate"))
+        if challenge is None:
+            return
+        scheme, params = challenge
+        if scheme == "basic":
+            if basic is None or request.headers.get("Authorization") == basic:
+                return  # nothing (new) to offer: the caller sees the 401
+            self._basic_hosts.add(host)
+            request.headers["Authorization"] = basic
+        else:
+            if "realm" not in params:
+                return
+            realm = _Realm(params["realm"], params.get("service"))
+            self._realms[host] = realm
+            scope = params.get("scope") or scope or ""
+            token = yield from self._fetch_token(request, realm, scope, response)
+            request.headers["Authorization"] = f"Bearer {token}"
+        yield request
+
+    def _cached(self, realm: _Realm, scope: str) -> str | None:
+        hit = self._tokens.get((realm, scope))
+        if hit is None or hit[1] <= self._clock():
+            return None
+        return hit[0]
+
+    def _fetch_token(
+        self,
+        original: httpx.Request,
+        realm: _Realm,
+        scope: str,
+        challenged: httpx.Response | None,
+    ) -> Generator[httpx.Request, httpx.Response, str]:
+        creds = self.credentials
+        query = httpx.QueryParams([("scope", s) for s in scope.split()])
+        if realm.service:
+            query = query.add("service", realm.service)
+        extensions: dict[str, Any] = {_TOKEN_MARK: True}
+        if "timeout" in original.extensions:  # without it httpcore would wait forever
+            extensions["timeout"] = original.extensions["timeout"]
+        if creds is not None and creds.identity_token:
+            # OAuth2 refresh-token grant, as Docker does for SSO logins
+            form = {
+                "grant_type": "refresh_token",
+                "client_id": "docker-variant",
+                "refresh_token": creds.identity_token,
+                "scope": scope,
+                "service": realm.service or "",
+            }
+            token_request = httpx.Request("POST", realm.realm, data=form, extensions=extensions)
+        else:
+            headers = {}
+            if creds is not None and (basic := creds.basic_header()):
+                headers["Authorization"] = basic
+            token_request = httpx.Request(
+                "GET", realm.realm, params=query, headers=headers, extensions=extensions
+            )
+        response = yield token_request
+        where = f"token endpoint {realm.realm}"
+        if response.status_code in (401, 403):
+            headers_for_caller = challenged.headers if challenged is not None else response.headers
+            raise RegistryAuthError(
+                f"{where} refused credentials for scope {scope!r} ({response.status_code})",
+                status=response.status_code,
+                code="UNAUTHORIZED" if response.status_code == 401 else "DENIED",
+                headers=headers_for_caller,
+                url=str(token_request.url),
+            )
+        token, lifetime = _read_token(response, where)
+        self._tokens[(realm, scope)] = (token, self._clock() + max(lifetime - 10, 1))
+        return token
+
+
+def _read_token(response: httpx.Response, where: str) -> tuple[str, int]:
+    if response.status_code != 200:
+        raise BadUpstreamResponseError(
+            f"{where} answered {response.status_code} instead of a token",
+            status=response.status_code,
+            url=str(response.request.url),
+        )
+    try:
+        data = json.loads(response.content)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadUpstreamResponseError(
+            f"{where} answered a token that is not JSON: {exc}", url=str(response.request.url)
+        ) from exc
+    if not isinstance(data, dict):
+        data = {}
+    token = data.get("token") or data.get("access_token")
+    if not isinstance(token, str):
+        raise BadUpstreamResponseError(
+            f"{where} answered JSON without 'token' or 'access_token'",
+            url=str(response.request.url),
+        )
+    lifetime = data.get("expires_in")
+    if not isinstance(lifetime, int) or lifetime <= 0:
+        lifetime = _DEFAULT_TOKEN_LIFETIME_S
+    return token, lifetime

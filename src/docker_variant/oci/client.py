@@ -1,0 +1,492 @@
+"""An async client for the read side of the OCI distribution API.
+
+Only what a variant scan needs: tags, manifests (resolving an index to this host's
+platform) and config blobs. Every failure becomes a ``RegistryError`` subclass with a
+one-line message naming what was fetched and from where; no httpx or json exception
+escapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import platform as _platform
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from docker_variant import __version__
+from docker_variant.errors import InvalidInputError
+from docker_variant.oci.auth import RegistryAuth
+from docker_variant.oci.errors import (
+    BadUpstreamResponseError,
+    NotFoundError,
+    RegistryAuthError,
+    RegistryError,
+    UpstreamUnavailableError,
+)
+from docker_variant.oci.reference import (
+    check_manifest_reference,
+    check_repository,
+    registry_base_url,
+)
+from docker_variant.variant.index import VariantIndex
+
+__all__ = [
+    "DOCKER_MANIFEST",
+    "DOCKER_MANIFEST_LIST",
+    "MANIFEST_ACCEPT",
+    "OCI_INDEX",
+    "OCI_MANIFEST",
+    "Manifest",
+    "Platform",
+    "RegistryClient",
+    "config_labels",
+    "host_platform",
+]
+
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+DOCKER_MANIFEST_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+_INDEX_TYPES = frozenset({OCI_INDEX, DOCKER_MANIFEST_LIST})
+_MANIFEST_TYPES = frozenset({OCI_MANIFEST, DOCKER_MANIFEST})
+# Without the OCI index type a registry answers an index tag with 404 MANIFEST_UNKNOWN.
+MANIFEST_ACCEPT = ", ".join([OCI_INDEX, OCI_MANIFEST, DOCKER_MANIFEST_LIST, DOCKER_MANIFEST])
+_GENERIC_TYPES = frozenset({"", "application/json", "application/octet-stream", "text/plain"})
+
+_MANIFEST_LIMIT = 4 << 20  # the distribution spec's minimum a registry must accept
+_CONFIG_LIMIT = 32 << 20
+_TAGS_LIMIT = 32 << 20
+_ERROR_BODY_LIMIT = 64 << 10
+
+# platform.machine() -> OCI architecture
+_ARCHITECTURES = {
+    "x86_64": "amd64",
+    "amd64": "amd64",
+    "aarch64": "arm64",
+    "arm64": "arm64",
+    "armv7l": "arm",
+    "armv6l": "arm",
+    "i386": "386",
+    "i686": "386",
+}
+
+
+@dataclass(frozen=True)
+class Platform:
+    os: str
+    architecture: str
+
+    def __str__(self) -> str:
+        return f"{self.os}/{self.architecture}"
+
+
+def host_platform() -> Platform:
+    machine = _platform.machine().lower()
+    return Platform("linux", _ARCHITECTURES.get(machine, machine))
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A fetched manifest. When a tag names an index, this is the platform manifest chosen
+    from it and ``index_digest`` is the index's own digest."""
+
+    media_type: str
+    digest: str
+    raw: bytes
+    data: dict[str, Any]
+    index_digest: str | None = None
+
+    @property
+    def is_index(self) -> bool:
+        return self.media_type in _INDEX_TYPES
+
+    @property
+    def tag_digest(self) -> str:
+        """What the tag points at: pulling this digest works on every platform of an index."""
+        return self.index_digest or self.digest
+
+    @property
+    def config_digest(self) -> str:
+        if self.is_index:
+            raise InvalidInputError(f"manifest {self.digest} is an index: it has no config")
+        digest: str = self.data["config"]["digest"]  # checked when the manifest was read
+        return digest
+
+
+def config_labels(config: Mapping[str, Any], where: str) -> dict[str, str]:
+    """``config.Labels`` of an image config; absent or null means no labels."""
+    section = config.get("config")
+    labels = section.get("Labels") if isinstance(section, dict) else None
+    if labels is None:
+        return {}
+    if not isinstance(labels, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+    ):
+        raise BadUpstreamResponseError(f"{where}: config.Labels is not an object of strings")
+    return labels
+
+
+class RegistryClient:
+    """The distribution API of one registry (or a proxy in front of it).
+
+    ``headers`` go out on every request: the proxy passes a caller's ``Authorization``
+    this way, so the upstream decides what that caller may read. At most
+    ``max_concurrency`` requests are in flight at once.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        auth: httpx.Auth | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | httpx.Timeout = 30.0,
+        max_concurrency: int = 8,
+        platform: Platform | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if max_concurrency < 1:
+            raise InvalidInputError(f"max_concurrency must be at least 1, got {max_concurrency}")
+        self.base_url = base_url.rstrip("/")
+        self.platform = platform or host_platform()
+        self._semaphore = asyncio.Semaphore(max_concurrency)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            auth=auth,
+            headers={"User-Agent": f"docker-variant/{__version__}", **(headers or {})},
+            timeout=timeout,
+            follow_redirects=True,  # blobs may live behind a redirect (S3, CDN)
+            limits=httpx.Limits(max_connections=max_concurrency),
+            transport=transport,
+        )
+
+    @classmethod
+    def for_registry(
+        cls, registry: str, *, config_path: Path | None = None, **kwargs: Any
+    ) -> RegistryClient:
+        """A client for ``registry`` (``host[:port]``) with Docker's stored credentials."""
+        auth = RegistryAuth.from_docker_config(registry, config_path)
+        return cls(registry_base_url(registry), auth=auth, **kwargs)
+
+    async def __aenter__(self) -> RegistryClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def list_tags(self, repository: str, *, page_size: int | None = None) -> list[str]:
+        """Every tag, following ``Link: <...>; rel="next"`` pages."""
+        check_repository(repository)
+        what = f"tag list of {repository}"
+        url = f"{self.base_url}/v2/{repository}/tags/list"
+        params = {"n": str(page_size)} if page_size else None
+        tags: dict[str, None] = {}  # ordered set: pages may overlap while tags are pushed
+        seen: set[str] = set()
+        while True:
+            response, body = await self._get(url, what, _TAGS_LIMIT, params=params)
+            page = _json_object(body, what, response).get("tags")
+            if page is None:
+                page = []
+            if not isinstance(page, list) or not all(isinstance(t, str) for t in page):
+                raise _bad(f"{what}: 'tags' is not a list of strings", response)
+            tags.update(dict.fromkeys(page))
+            link = response.links.get("next", {}).get("url")
+            if not link:
+                return list(tags)
+            url, params = str(response.url.join(link)), None
+            if httpx.URL(url).netloc != response.url.netloc:
+                raise _bad(f"{what}: next page {url} is on another host", response)
+            if url in seen:
+                raise _bad(f"{what}: next page {url} was already read (pagination loop)", response)
+            seen.add(url)
+
+    async def get_manifest(
+        self, repository: str, reference: str, *, platform: Platform | None = None
+    ) -> Manifest:
+        """The manifest of a tag or digest; an index resolves to ``platform``'s manifest
+        (default: this host's), else the index's first linux one."""
+        check_repository(repository)
+        check_manifest_reference(reference)
+        top = await self._fetch_manifest(repository, reference)
+        if not top.is_index:
+            return top
+        digest = _pick_platform(top, platform or self.platform, _name(repository, reference))
+        child = await self._fetch_manifest(repository, digest)
+        if child.is_index:
+            raise BadUpstreamResponseError(
+                f"manifest {_name(repository, digest)}: an index inside the index of "
+                f"{_name(repository, reference)}; expected an image manifest"
+            )
+        return replace(child, index_digest=top.digest)
+
+    async def get_config(self, repository: str, manifest: Manifest) -> dict[str, Any]:
+        """The image config blob named by ``manifest``, checked to be a JSON object."""
+        check_repository(repository)
+        digest = manifest.config_digest
+        what = f"config blob {digest} of {repository}"
+        response, body = await self._get(
+            f"{self.base_url}/v2/{repository}/blobs/{digest}", what, _CONFIG_LIMIT
+        )
+        _check_digest(body, digest, what, response)
+        return _json_object(body, what, response)
+
+    async def get_labels(self, repository: str, manifest: Manifest) -> dict[str, str]:
+        """``config.Labels`` of the image config that ``manifest`` names."""
+        config = await self.get_config(repository, manifest)
+        url = f"{self.base_url}/v2/{repository}/blobs/{manifest.config_digest}"
+        return config_labels(config, f"config blob {url}")
+
+    async def image_labels(self, repository: str, tag: str) -> tuple[str, dict[str, str]]:
+        """``(digest the tag points at, config.Labels)``."""
+        manifest = await self.get_manifest(repository, tag)
+        return manifest.tag_digest, await self.get_labels(repository, manifest)
+
+    async def get_variant_index(
+        self, repository: str, version: str, *, refresh: bool = False
+    ) -> VariantIndex | None:
+        """The proxy's ``/v2/<name>/_variants/<version>`` document; ``None`` when the
+        registry has no such extension (a plain 404 without an OCI error code).
+        ``refresh`` asks a caching proxy for a fresh document (``Cache-Control: no-cache``)."""
+        check_repository(repository)
+        check_manifest_reference(version)
+        what = f"variant index of {repository}:{version}"
+        url = f"{self.base_url}/v2/{repository}/_variants/{version}"
+        headers = {"Cache-Control": "no-cache"} if refresh else None
+        try:
+            response, body = await self._get(url, what, _TAGS_LIMIT, headers=headers)
+        except NotFoundError as exc:
+            if exc.code is None:
+                return None
+            raise
+        data = _json_object(body, what, response)
+        try:
+            return VariantIndex.from_json(data, what)
+        except InvalidInputError as exc:
+            raise _bad(str(exc), response) from exc
+
+    async def _fetch_manifest(self, repository: str, reference: str) -> Manifest:
+        what = f"manifest {_name(repository, reference)}"
+        response, body = await self._get(
+            f"{self.base_url}/v2/{repository}/manifests/{reference}",
+            what,
+            _MANIFEST_LIMIT,
+            headers={"Accept": MANIFEST_ACCEPT},
+        )
+        content_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if content_type not in _INDEX_TYPES | _MANIFEST_TYPES | _GENERIC_TYPES:
+            raise _bad(f"{what}: unexpected content type {content_type!r}", response)
+        data = _json_object(body, what, response)
+        media_type = content_type if content_type not in _GENERIC_TYPES else _infer_type(data)
+        _check_shape(data, media_type, what, response)
+        if reference.startswith("sha256:"):
+            _check_digest(body, reference, what, response)
+        digest = response.headers.get("docker-content-digest") or _sha256(body)
+        return Manifest(media_type, digest, body, data)
+
+    async def _get(
+        self,
+        url: str,
+        what: str,
+        limit: int,
+        *,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> tuple[httpx.Response, bytes]:
+        async with self._semaphore:
+            try:
+                async with self._http.stream("GET", url, headers=headers, params=params) as r:
+                    if not r.is_success:
+                        body = await _read(r, _ERROR_BODY_LIMIT, what, truncate=True)
+                        raise _status_error(r, body, what)
+                    return r, await _read(r, limit, what)
+            except RegistryError:
+                raise
+            except httpx.TimeoutException as exc:
+                raise UpstreamUnavailableError(
+                    f"{what}: {url} timed out ({_kind(exc)})", url=url
+                ) from exc
+            except httpx.RemoteProtocolError as exc:
+                raise BadUpstreamResponseError(
+                    f"{what}: {url} sent an incomplete or malformed HTTP response: {exc}", url=url
+                ) from exc
+            except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+                raise InvalidInputError(f"{what}: bad registry URL {url}: {exc}") from exc
+            except (httpx.NetworkError, httpx.ProxyError) as exc:
+                raise UpstreamUnavailableError(
+                    f"{what}: registry at {url} is unreachable: {_reason(exc)}",
+                    url=url,
+                ) from exc
+            except (httpx.DecodingError, httpx.TooManyRedirects) as exc:
+                raise BadUpstreamResponseError(f"{what}: {url}: {exc}", url=url) from exc
+            except httpx.HTTPError as exc:
+                raise RegistryError(f"{what}: {url} failed: {exc!r}", url=url) from exc
+
+
+async def _read(
+    response: httpx.Response, limit: int, what: str, *, truncate: bool = False
+) -> bytes:
+    """The body, refusing more than ``limit`` bytes (a manifest is not a gigabyte); with
+    ``truncate``, its first ``limit`` bytes (enough of an error body to find its code)."""
+    declared = response.headers.get("content-length", "")
+    if not truncate and declared.isdigit() and int(declared) > limit:
+        raise _bad(f"{what}: {declared} bytes is more than the {limit} allowed", response)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            if truncate:
+                break
+            raise _bad(f"{what}: more than the {limit} bytes allowed", response)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _status_error(response: httpx.Response, body: bytes, what: str) -> RegistryError:
+    code, message = _oci_error(body)
+    status = response.status_code
+    text = f"{what}: {response.request.method} {response.url} answered {status}"
+    if code:
+        text += f" {code}"
+    if message:
+        text += f": {message}"
+    cls: type[RegistryError] = RegistryError
+    if status in (401, 403):
+        cls = RegistryAuthError
+    elif status == 404:
+        cls = NotFoundError
+    elif status == 429 or status >= 500:
+        cls = UpstreamUnavailableError
+    return cls(text, status=status, code=code, headers=response.headers, url=str(response.url))
+
+
+def _oci_error(body: bytes) -> tuple[str | None, str | None]:
+    """``(code, message)`` of the first error in ``{"errors": [...]}``, if the body is one."""
+    try:
+        data = json.loads(body)
+        first = data["errors"][0]
+        code, message = first.get("code"), first.get("message")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError):
+        return None, None
+    return (
+        code if isinstance(code, str) else None,
+        message if isinstance(message, str) else None,
+    )
+
+
+def _bad(message: str, response: httpx.Response) -> BadUpstreamResponseError:
+    url = str(response.url)
+    return BadUpstreamResponseError(
+        f"{message} (from {url})",
+        status=response.status_code,
+        headers=response.headers,
+        url=url,
+    )
+
+
+def _json_object(body: bytes, what: str, response: httpx.Response) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _bad(f"{what} is not JSON: {exc}", response) from exc
+    except RecursionError as exc:
+        raise _bad(f"{what} is JSON nested too deeply to read", response) from exc
+    if not isinstance(data, dict):
+        raise _bad(f"{what} is JSON but not an object", response)
+    return data
+
+
+def _infer_type(data: Mapping[str, Any]) -> str:
+    # A registry may label a manifest application/json; its mediaType field (optional
+    # for OCI) or its shape says what it is.
+    stated = data.get("mediaType")
+    if isinstance(stated, str) and stated in _INDEX_TYPES | _MANIFEST_TYPES:
+        return stated
+    return OCI_INDEX if "manifests" in data else OCI_MANIFEST
+
+
+def _check_shape(
+    data: Mapping[str, Any], media_type: str, what: str, response: httpx.Response
+) -> None:
+    if media_type in _INDEX_TYPES:
+        entries = data.get("manifests")
+        if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("digest"), str) for e in entries
+        ):
+            raise _bad(f"{what}: index without a valid 'manifests' list", response)
+        return
+    config = data.get("config")
+    if not isinstance(config, dict) or not isinstance(config.get("digest"), str):
+        raise _bad(f"{what}: image manifest without 'config.digest'", response)
+    if not str(config["digest"]).startswith("sha256:"):
+        raise _bad(f"{what}: config digest {config['digest']!r} is not sha256", response)
+    if not isinstance(data.get("layers", []), list):
+        raise _bad(f"{what}: 'layers' is not a list", response)
+
+
+def _pick_platform(index: Manifest, wanted: Platform, name: str) -> str:
+    linux: list[str] = []
+    for entry in index.data["manifests"]:
+        plat = entry.get("platform")
+        if not isinstance(plat, dict):
+            continue  # no platform: not something to run
+        if plat.get("os") == wanted.os and plat.get("architecture") == wanted.architecture:
+            return str(entry["digest"])
+        if plat.get("os") == "linux":
+            linux.append(str(entry["digest"]))
+    if linux:
+        return linux[0]
+    raise NotFoundError(
+        f"manifest {name}: the index has no linux manifest (wanted {wanted})",
+        code="MANIFEST_UNKNOWN",
+    )
+
+
+def _sha256(body: bytes) -> str:
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def _check_digest(body: bytes, digest: str, what: str, response: httpx.Response) -> None:
+    if digest.startswith("sha256:") and _sha256(body) != digest:
+        raise _bad(f"{what}: content does not match its digest (got {_sha256(body)})", response)
+
+
+def _name(repository: str, reference: str) -> str:
+    return f"{repository}@{reference}" if ":" in reference else f"{repository}:{reference}"
+
+
+def _reason(exc: BaseException) -> str:
+    """The OS's words for a failed connection ("Connection refused"); anyio's own message
+    for refused connections ("All connection attempts failed") hides them."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno:
+            # DNS errors (socket.gaierror) have negative numbers and their own text
+            return os.strerror(cause.errno) if cause.errno > 0 else str(cause.strerror)
+        cause = cause.__cause__ or cause.__context__
+    return str(exc) or type(exc).__name__
+
+
+def _kind(exc: httpx.TimeoutException) -> str:
+    return {
+        httpx.ConnectTimeout: "connect",
+        httpx.ReadTimeout: "read",
+        httpx.WriteTimeout: "write",
+        httpx.PoolTimeout: "waiting for a connection",
+    }.get(type(exc), "timeout")

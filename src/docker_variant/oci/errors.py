@@ -1,0 +1,66 @@
+"""Registry errors: each says what failed and where, on one line.
+
+All of them are ``UnreachableError`` (CLI exit code 3); the proxy reads ``status``,
+``code`` and ``headers`` to answer its caller the way the upstream answered it.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from docker_variant.errors import UnreachableError
+
+__all__ = [
+    "BadUpstreamResponseError",
+    "NotFoundError",
+    "RegistryAuthError",
+    "RegistryError",
+    "UpstreamUnavailableError",
+    "one_line",
+]
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """Collapse whitespace (upstream messages may span lines) and cap the length."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+class RegistryError(UnreachableError):
+    """The registry refused or failed a request.
+
+    ``status`` is the HTTP status (``None`` when no response came), ``code`` the OCI error
+    code of the body (``MANIFEST_UNKNOWN``, ...), ``headers`` the response's headers, so a
+    ``WWW-Authenticate`` challenge can be handed back to a caller unchanged.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        headers: httpx.Headers | None = None,
+        url: str | None = None,
+    ) -> None:
+        super().__init__(one_line(message))
+        self.status = status
+        self.code = code
+        self.headers = headers if headers is not None else httpx.Headers()
+        self.url = url
+
+
+class RegistryAuthError(RegistryError):
+    """401 or 403: no credentials, wrong credentials, or no permission."""
+
+
+class NotFoundError(RegistryError):
+    """404: unknown repository, tag, manifest or blob."""
+
+
+class UpstreamUnavailableError(RegistryError):
+    """No usable answer: connection refused, DNS failure, time-out, 5xx or 429."""
+
+
+class BadUpstreamResponseError(RegistryError):
+    """An answer that is not what the distribution API promises (bad JSON, wrong type)."""

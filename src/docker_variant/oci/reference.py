@@ -1,0 +1,186 @@
+"""Image references, parsed the way Docker parses them (``distribution/reference``).
+
+``app:1.0`` is ``docker.io/library/app:1.0``; the first component is a registry only when
+it looks like a host (a ``.``, a ``:`` port, ``localhost``, or upper case), so
+``myorg/app`` stays on Docker Hub and ``127.0.0.1:5000/app`` does not.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, replace
+
+from docker_variant.errors import InvalidInputError
+
+__all__ = [
+    "DOCKER_HUB",
+    "Reference",
+    "check_manifest_reference",
+    "check_repository",
+    "is_loopback",
+    "parse_reference",
+    "registry_base_url",
+]
+
+DOCKER_HUB = "docker.io"
+_HUB_ALIASES = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+_HUB_API = "https://registry-1.docker.io"
+_NAME_MAX = 255  # distribution's NameTotalLengthMax
+
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|[-]*)[a-z0-9]+)*"
+_PATH_RE = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN_RE = re.compile(
+    rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+)
+_TAG_RULE = r"[\w][\w.-]{0,127}"
+_TAG_RE = re.compile(_TAG_RULE, re.ASCII)
+_DIGEST_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}")
+_DIGEST_LENGTHS = {"sha256": 64, "sha512": 128}
+_HEX_RE = re.compile(r"[a-f0-9]+")
+
+_PATH_RULE = "lowercase components [a-z0-9]+(?:(?:[._]|__|[-]*)[a-z0-9]+)* separated by '/'"
+
+
+def _bad(text: str, why: str) -> InvalidInputError:
+    return InvalidInputError(f"invalid image reference {text!r}: {why}")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """``registry/repository[:tag][@digest]`` with Docker Hub names made explicit."""
+
+    registry: str
+    repository: str
+    tag: str | None = None
+    digest: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.registry}/{self.repository}"
+
+    def __str__(self) -> str:
+        text = self.name
+        if self.tag is not None:
+            text += f":{self.tag}"
+        if self.digest is not None:
+            text += f"@{self.digest}"
+        return text
+
+    def familiar(self) -> str:
+        """The short form Docker prints: ``ubuntu:24.04`` rather than ``docker.io/library/...``."""
+        text = str(self)
+        if self.registry == DOCKER_HUB:
+            text = text.removeprefix(f"{DOCKER_HUB}/").removeprefix("library/")
+        return text
+
+    def with_tag(self, tag: str) -> Reference:
+        """The same repository at another tag (the digest of the old tag no longer applies)."""
+        _check_tag(tag, f"{self.name}:{tag}")
+        return replace(self, tag=tag, digest=None)
+
+    def with_digest(self, digest: str) -> Reference:
+        _check_digest(digest, f"{self.name}@{digest}")
+        return replace(self, digest=digest)
+
+
+def parse_reference(text: str) -> Reference:
+    """Parse ``[registry/]repository[:tag][@digest]``; raises ``InvalidInputError``."""
+    if not text:
+        raise _bad(text, "empty reference")
+    if text != text.strip() or any(c.isspace() for c in text):
+        raise _bad(text, "whitespace is not allowed")
+    if re.fullmatch(r"[a-f0-9]{64}", text):
+        raise _bad(text, "a 64-character hex string is an image ID, not a repository name")
+
+    rest, at, digest = text.partition("@")
+    if at:
+        _check_digest(digest, text)
+    slash = rest.rfind("/")
+    colon = rest.rfind(":")
+    tag: str | None = None
+    if colon > slash:  # a ':' after the last '/' starts the tag, not a port
+        rest, tag = rest[:colon], rest[colon + 1 :]
+        _check_tag(tag, text)
+
+    registry, path = _split_registry(rest, text)
+    if not path:
+        raise _bad(text, "missing repository name")
+    if path != path.lower():
+        raise _bad(text, f"repository name {path!r} must be lowercase")
+    if not _PATH_RE.fullmatch(path):
+        raise _bad(text, f"repository name {path!r} must be {_PATH_RULE}")
+    if len(f"{registry}/{path}") > _NAME_MAX:
+        raise _bad(text, f"name is longer than {_NAME_MAX} characters")
+    return Reference(registry, path, tag, digest if at else None)
+
+
+def _split_registry(name: str, text: str) -> tuple[str, str]:
+    first, slash, remainder = name.partition("/")
+    # Docker's splitDockerDomain: only a host-looking first component names a registry.
+    if not slash or (
+        not any(c in first for c in ".:") and first != "localhost" and first == first.lower()
+    ):
+        registry, path = DOCKER_HUB, name
+    else:
+        if not _DOMAIN_RE.fullmatch(first):
+            raise _bad(text, f"registry {first!r} is not a valid host[:port]")
+        registry, path = first, remainder
+    if registry in _HUB_ALIASES:
+        registry = DOCKER_HUB
+        if "/" not in path:
+            path = f"library/{path}"
+    return registry, path
+
+
+def check_repository(repository: str) -> None:
+    """Reject a repository path that is not Docker's grammar before it goes into a URL."""
+    if not _PATH_RE.fullmatch(repository) or len(repository) > _NAME_MAX:
+        raise InvalidInputError(f"invalid repository name {repository!r}: must be {_PATH_RULE}")
+
+
+def check_manifest_reference(reference: str) -> None:
+    """A tag or a digest, as a ``/manifests/<reference>`` URL takes."""
+    if ":" in reference:
+        _check_digest(reference, reference)
+    else:
+        _check_tag(reference, reference)
+
+
+def _check_tag(tag: str, text: str) -> None:
+    if not _TAG_RE.fullmatch(tag):
+        raise _bad(text, f"tag {tag!r} does not match {_TAG_RULE}")
+
+
+def _check_digest(digest: str, text: str) -> None:
+    if not _DIGEST_RE.fullmatch(digest):
+        raise _bad(text, f"digest {digest!r} is not algorithm:hex (at least 32 hex digits)")
+    algorithm, _, encoded = digest.partition(":")
+    length = _DIGEST_LENGTHS.get(algorithm)
+    if length is not None and (len(encoded) != length or not _HEX_RE.fullmatch(encoded)):
+        raise _bad(text, f"digest {digest!r}: {algorithm} needs {length} lowercase hex digits")
+
+
+def _host(registry: str) -> str:
+    if registry.startswith("["):
+        return registry[1 : registry.find("]")]
+    return registry.partition(":")[0]
+
+
+def is_loopback(registry: str) -> bool:
+    host = _host(registry)
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def registry_base_url(registry: str) -> str:
+    """Where the distribution API of ``registry`` lives: plain HTTP on loopback only."""
+    if registry in _HUB_ALIASES:
+        return _HUB_API
+    scheme = "http" if is_loopback(registry) else "https"
+    return f"{scheme}://{registry}"

@@ -1,0 +1,55 @@
+"""Where a version's variant index comes from: the proxy's ``_variants`` API if the
+registry has one, else a client-side scan (SPEC section 5: the two are identical)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from docker_variant.errors import InvalidInputError
+from docker_variant.oci.client import RegistryClient
+from docker_variant.oci.errors import RegistryError
+from docker_variant.oci.reference import Reference, parse_reference
+from docker_variant.oci.scan import scan_index
+from docker_variant.variant.index import VariantIndex
+
+__all__ = ["fetch_index", "fetch_index_async", "refresh_proxy_index"]
+
+
+async def fetch_index_async(client: RegistryClient, repository: str, version: str) -> VariantIndex:
+    index = await client.get_variant_index(repository, version)
+    return index if index is not None else await scan_index(client, repository, version)
+
+
+def fetch_index(ref: str | Reference, **client_kwargs: Any) -> tuple[Reference, VariantIndex]:
+    """Parse ``registry/name:version`` and fetch its index with Docker's credentials."""
+    reference = parse_reference(ref) if isinstance(ref, str) else ref
+    version = reference.tag
+    if version is None:
+        raise InvalidInputError(
+            f"{reference}: a version tag is needed, e.g. {reference.name}:1.0.0"
+        )
+
+    async def run() -> VariantIndex:
+        async with RegistryClient.for_registry(reference.registry, **client_kwargs) as client:
+            return await fetch_index_async(client, reference.repository, version)
+
+    return reference, asyncio.run(run())
+
+
+def refresh_proxy_index(ref: Reference, version: str, **client_kwargs: Any) -> bool:
+    """After a push: have a variant-proxy in front of ``ref.registry`` rebuild the index of
+    ``version``. Best effort, since the push itself already succeeded: ``True`` when a proxy
+    answered with a fresh index, ``False`` when there is none or it failed."""
+    if not version:
+        return False
+
+    async def run() -> bool:
+        async with RegistryClient.for_registry(ref.registry, **client_kwargs) as client:
+            index = await client.get_variant_index(ref.repository, version, refresh=True)
+            return index is not None
+
+    try:
+        return asyncio.run(run())
+    except (RegistryError, InvalidInputError):
+        return False

@@ -1,0 +1,97 @@
+"""A tiny scripted HTTP server on 127.0.0.1 that plays a broken (or token-auth) registry.
+
+Routes map a path to a ``Reply`` or to a function of the request; unknown paths get 404.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+    truncate_to: int | None = None  # announce len(body), send this many bytes, hang up
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    body: bytes
+
+
+Route = Reply | Callable[[Seen], Reply]
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a client hanging up mid-body (a size limit, a time-out) is expected here
+
+
+class FakeUpstream:
+    def __init__(self) -> None:
+        self.routes: dict[str, Route] = {}
+        self.requests: list[Seen] = []
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _serve(self) -> None:
+                parts = urlsplit(self.path)
+                length = int(self.headers.get("content-length") or 0)
+                seen = Seen(
+                    self.command,
+                    parts.path,
+                    parse_qs(parts.query),
+                    {k.lower(): v for k, v in self.headers.items()},
+                    self.rfile.read(length) if length else b"",
+                )
+                upstream.requests.append(seen)
+                route = upstream.routes.get(parts.path, Reply(404, b"404 page not found"))
+                reply = route(seen) if callable(route) else route
+                self.send_response(reply.status)
+                for key, value in reply.headers.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(reply.body)))
+                if reply.truncate_to is not None:
+                    self.send_header("Connection", "close")
+                self.end_headers()
+                if self.command != "HEAD":
+                    sent = (
+                        reply.body if reply.truncate_to is None else reply.body[: reply.truncate_to]
+                    )
+                    self.wfile.write(sent)
+                if reply.truncate_to is not None:
+                    self.close_connection = True
+
+            do_GET = do_HEAD = do_POST = do_PUT = _serve
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass  # keep test output clean
+
+        self._server = _Server(("127.0.0.1", 0), Handler)
+        self.port = self._server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+
+    def start(self) -> FakeUpstream:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
