@@ -22,7 +22,18 @@ from variantlib.resolver.lib import sort_and_filter_supported_variants
 from docker_variant.providers.nvidia import nvidia_features
 from docker_variant.variant import SupportedLists, Variant, VariantIndex, select
 
-X86_FLAGS = ["avx512f", "avx512bw", "avx512vl", "avx2", "avx", "bmi2", "fma", "f16c", "sse4_2", "popcnt"]
+X86_FLAGS = [
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx2",
+    "avx",
+    "bmi2",
+    "fma",
+    "f16c",
+    "sse4_2",
+    "popcnt",
+]
 
 
 def rich_host() -> SupportedLists:
@@ -58,10 +69,16 @@ def make_index(count: int, seed: int = 7) -> VariantIndex:
 def with_variantlib(index: VariantIndex, host: SupportedLists) -> list[str]:
     order = index.namespace_order
     supported = [
-        VariantProperty(ns, f, v) for ns in order if ns in host for f, vs in host[ns].items() for v in vs
+        VariantProperty(ns, f, v)
+        for ns in order
+        if ns in host
+        for f, vs in host[ns].items()
+        for v in vs
     ]
     vdescs = [v.to_description() for _, v in sorted(index.variants.items())]
-    result = sort_and_filter_supported_variants(vdescs, supported, namespace_priorities=list(order), filter_values=True)
+    result = sort_and_filter_supported_variants(
+        vdescs, supported, namespace_priorities=list(order), filter_values=True
+    )
     return [d.label for d in result if d.label != "null"]  # variantlib adds a null variant
 
 

@@ -74,6 +74,18 @@ def test_bare_and_null() -> None:
         ({LABEL_KEY: "x", f"{PROPERTY_PREFIX}x86_64.level": "v3,v4"}, "takes one value"),
         ({LABEL_KEY: "x", f"{PROPERTY_PREFIX}nvidia.sm_arch": "90_real,90_real"}, "repeats"),
         (
+            {LABEL_KEY: "x", f"{PROPERTY_PREFIX}nvidia.sm_arch": "9.0"},
+            "'9.0' is not an architecture",
+        ),
+        (
+            {LABEL_KEY: "x", f"{PROPERTY_PREFIX}nvidia.cuda_version_lower_bound": "cu128"},
+            "'cu128' is not a CUDA version",
+        ),
+        (
+            {LABEL_KEY: "x", f"{PROPERTY_PREFIX}x86_64.level": "v5"},
+            "'v5' is not a microarchitecture level",
+        ),
+        (
             {
                 LABEL_KEY: "x",
                 f"{PROPERTY_PREFIX}x86_64.level": "v3",

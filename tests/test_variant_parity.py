@@ -9,7 +9,7 @@ from variantlib.resolver.lib import sort_and_filter_supported_variants
 
 from docker_variant.variant import NULL_LABEL, SupportedLists, Variant, VariantIndex, select
 
-NAMESPACES = ["acc_a", "acc_b", "x86_64", "npu_c"]
+NAMESPACES = ["acc_a", "acc_b", "aarch64", "npu_c"]
 FEATURES = ["f0", "f1", "f2", "level"]
 VALUES = ["v0", "v1", "v2", "v3", "v4", "1.2"]
 
@@ -34,8 +34,8 @@ def variants(draw: st.DrawFn) -> Variant:
     props: dict[str, dict[str, list[str]]] = {}
     for ns in draw(st.lists(st.sampled_from(NAMESPACES), min_size=1, max_size=2, unique=True)):
         for f in draw(st.lists(st.sampled_from(FEATURES), min_size=1, max_size=2, unique=True)):
-            # x86_64 features are single-valued (the provider declares none multi-value)
-            size = 1 if ns == "x86_64" else 3
+            # aarch64 features are single-valued (the provider declares none multi-value)
+            size = 1 if ns == "aarch64" else 3
             props.setdefault(ns, {})[f] = draw(
                 st.lists(st.sampled_from(VALUES), min_size=1, max_size=size, unique=True)
             )
@@ -104,7 +104,7 @@ def host_and_fitting_variants(draw: st.DrawFn) -> tuple[SupportedLists, list[Var
     for i in range(draw(st.integers(2, 15))):
         props: dict[str, dict[str, list[str]]] = {}
         for ns, f in draw(st.lists(st.sampled_from(keys), min_size=1, max_size=3, unique=True)):
-            size = 1 if ns == "x86_64" else 2
+            size = 1 if ns == "aarch64" else 2
             props.setdefault(ns, {})[f] = draw(
                 st.lists(st.sampled_from(host[ns][f]), min_size=1, max_size=size, unique=True)
             )

@@ -7,6 +7,7 @@ the offending value and the rule, so a person can fix it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,18 @@ _BUILTIN_FEATURES: dict[str, frozenset[str] | None] = {
     "aarch64": None,
 }
 _MULTI_VALUE_FEATURES = frozenset({("nvidia", "sm_arch")})
+# Value forms the built-in providers can ever report: anything else never matches a host,
+# so it is a mistake worth refusing at build and push time rather than a silent miss.
+_CUDA_VERSION = (re.compile(r"[0-9]+(\.[0-9]+)?"), "a CUDA version such as 12.8 or 13")
+_BUILTIN_VALUES: dict[tuple[str, str], tuple[re.Pattern[str], str]] = {
+    ("nvidia", "cuda_version_lower_bound"): _CUDA_VERSION,
+    ("nvidia", "cuda_version_upper_bound"): _CUDA_VERSION,
+    ("nvidia", "sm_arch"): (
+        re.compile(r"[0-9]+_(real|virtual)"),
+        "an architecture such as 90_real or 90_virtual",
+    ),
+    ("x86_64", "level"): (re.compile(r"v[1-4]"), "a microarchitecture level v1, v2, v3 or v4"),
+}
 
 
 @dataclass(frozen=True, order=True)
@@ -121,6 +134,13 @@ def _check_feature_values(namespace: str, feature: str, values: list[str], where
             f"{where}: {namespace} :: {feature} is not a feature of the {namespace} provider "
             f"(it knows {', '.join(sorted(known))})"
         )
+    if rule := _BUILTIN_VALUES.get((namespace, feature)):
+        pattern, expected = rule
+        for value in values:
+            if pattern.fullmatch(value) is None:
+                raise InvalidInputError(
+                    f"{where}: {namespace} :: {feature} value {value!r} is not {expected}"
+                )
     if (
         len(values) > 1
         and namespace in _BUILTIN_FEATURES

@@ -1,0 +1,298 @@
+"""`docker variant push/pull/ls/resolve` end to end: the real Docker CLI plugin path, a real
+engine (dockerd, started here), the Debian registry and variant-proxy (SPEC section 7)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from docker_variant import devstack
+from docker_variant.providers.nvidia import nvidia_features
+
+pytestmark = pytest.mark.e2e
+
+HOSTS = {
+    "h200": {
+        "nvidia": nvidia_features((12, 8), (9, 0)),
+        "x86_64": {"level": ["v4", "v3", "v2", "v1"]},
+    },
+    "old-driver": {"nvidia": nvidia_features((12, 4), (8, 0)), "x86_64": {"level": ["v2", "v1"]}},
+    "v3-cpu": {"x86_64": {"level": ["v3", "v2", "v1"]}},
+    "graviton": {"aarch64": {"version": ["8.2a", "8.1a", "8.0a"]}},
+}
+VARIANTS = {  # label -> properties, as `docker-variant labels` takes them
+    "cpu": ["x86_64 :: level :: v1"],
+    "v3": ["x86_64 :: level :: v3"],
+    "cu126": ["nvidia :: cuda_version_lower_bound :: 12.6"],
+    "cu128": ["nvidia :: cuda_version_lower_bound :: 12.8", "nvidia :: sm_arch :: 90_real"],
+    "null": [],
+}
+
+
+@dataclass
+class Stack:
+    env: dict[str, str]
+    registry: devstack.Service
+    proxy: devstack.Service
+    root: Path
+
+    def run(
+        self, *args: str, check: bool = False, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            list(args), capture_output=True, text=True, env={**self.env, **(env or {})}, timeout=300
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"{args} failed ({result.returncode}): {result.stderr}")
+        return result
+
+    def docker(self, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+        return self.run("docker", *args, **kw)  # type: ignore[arg-type]
+
+    def image_id(self, ref: str) -> str | None:
+        result = self.docker("image", "inspect", "--format", "{{.Id}}", ref)
+        return result.stdout.strip() if result.returncode == 0 else None
+
+    def build(
+        self, ref: str, label: str | None, content: str, extra: list[str] | None = None
+    ) -> None:
+        context = self.root / "context"
+        context.mkdir(exist_ok=True)
+        (context / "Dockerfile").write_text("FROM scratch\nCOPY app.txt /app.txt\n")
+        (context / "app.txt").write_text(content)
+        build_args: list[str] = list(extra or [])
+        if label is not None:
+            props = [a for p in VARIANTS[label] for a in ("--property", p)]
+            build_args += self.run(
+                "docker-variant", "labels", "--label", label, *props, check=True
+            ).stdout.split()
+        self.docker(
+            "build", "-q", "--network=host", "-t", ref, *build_args, str(context), check=True
+        )
+
+    def host_file(self, name: str) -> str:
+        path = self.root / f"{name}.json"
+        path.write_text(json.dumps(HOSTS[name]))
+        return str(path)
+
+    def publish(
+        self, repo: str, labels: list[str], bare: bool = True, via_proxy: bool = False
+    ) -> str:
+        """Build and `docker variant push` one image per label (and a bare one); returns REF."""
+        registry = self.proxy.address if via_proxy else self.registry.address
+        for label in labels:
+            ref = f"{registry}/{repo}:1.0.0-{label}"
+            self.build(ref, label, f"{repo} {label}\n")
+            self.docker("variant", "push", ref, check=True)
+        if bare:
+            ref = f"{registry}/{repo}:1.0.0"
+            self.build(ref, None, f"{repo} bare\n")
+            self.docker("variant", "push", ref, check=True)
+        self.forget(registry, repo)
+        return f"{registry}/{repo}:1.0.0"
+
+    def forget(self, registry: str, repo: str) -> None:
+        """Remove every local tag of the repository so that pulls really download."""
+        listing = self.docker(
+            "images", "--format", "{{.Repository}}:{{.Tag}}", f"{registry}/{repo}", check=True
+        )
+        refs = [line for line in listing.stdout.split() if not line.endswith(":<none>")]
+        if refs:
+            self.docker("rmi", "-f", *refs, check=True)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    for tool in ("docker", "dockerd", "docker-registry"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed (scripts/setup installs it)")
+    root = tmp_path_factory.mktemp("e2e", numbered=True)
+    services: list[devstack.Service] = []
+    try:
+        registry = devstack.start_registry(root / "registry")
+        services.append(registry)
+        proxy = devstack.start_proxy(registry.url, root / "proxy", cache_ttl=300)
+        services.append(proxy)
+        engine = devstack.start_dockerd(Path(f"/tmp/dv-e2e-{os.getpid()}"))
+        services.append(engine)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "NV_VARIANT"))}
+        venv_bin = str(Path(sys.executable).parent)  # where the console scripts are
+        env |= {
+            "DOCKER_HOST": engine.address,
+            "DOCKER_CONFIG": str(root / "docker-config"),
+            "DOCKER_BUILDKIT": "0",
+            "XDG_CACHE_HOME": str(root / "cache"),
+            "PATH": f"{venv_bin}:{env.get('PATH', '')}",
+        }
+        stack = Stack(env, registry, proxy, root)
+        stack.run("docker-variant", "install-plugin", check=True)
+        yield stack
+    finally:
+        for service in reversed(services):
+            service.stop()
+        shutil.rmtree(f"/tmp/dv-e2e-{os.getpid()}", ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def app_ref(stack: Stack) -> str:
+    return stack.publish("e2e/app", list(VARIANTS))
+
+
+def test_plugin_is_listed_and_answers_metadata(stack: Stack) -> None:
+    assert "variant*" in stack.docker("--help", check=True).stdout
+    metadata = json.loads(
+        stack.run("docker-variant", "docker-cli-plugin-metadata", check=True).stdout
+    )
+    assert metadata["SchemaVersion"] == "0.1.0"
+
+
+@pytest.mark.parametrize(
+    ("host", "label"),
+    [("h200", "cu128"), ("old-driver", "cpu"), ("v3-cpu", "v3"), ("graviton", "null")],
+)
+def test_pull_chooses_per_host_and_tags_both_ways(
+    stack: Stack, app_ref: str, host: str, label: str
+) -> None:
+    stack.forget(stack.registry.address, "e2e/app")
+    result = stack.docker("variant", "pull", "--providers-file", stack.host_file(host), app_ref)
+    assert result.returncode == 0, result.stderr
+    assert (
+        result.stdout.strip()
+        == f'Selected variant "{label}" of {app_ref.rsplit(":", 1)[0]} version 1.0.0'
+    )
+    variant_ref = f"{app_ref}-{label}"
+    assert stack.image_id(app_ref) is not None
+    assert stack.image_id(app_ref) == stack.image_id(variant_ref)
+    # and the same choice from resolve, for scripts
+    resolved = stack.docker(
+        "variant", "resolve", "--providers-file", stack.host_file(host), app_ref, check=True
+    )
+    assert resolved.stdout.strip() == variant_ref
+
+
+def test_pull_as_this_host_agrees_with_resolve(stack: Stack, app_ref: str) -> None:
+    expected = stack.docker("variant", "resolve", app_ref, check=True).stdout.strip()
+    result = stack.docker("variant", "pull", app_ref, check=True)
+    label = expected.rsplit("-", 1)[1]
+    assert f'Selected variant "{label}"' in result.stdout
+    assert stack.image_id(app_ref) == stack.image_id(expected)
+
+
+def test_pull_through_the_proxy_uses_variants_api(stack: Stack) -> None:
+    ref = stack.publish("e2e/proxied", ["cu128", "v3", "null"], via_proxy=True)
+    result = stack.docker("variant", "pull", "--providers-file", stack.host_file("h200"), ref)
+    assert result.returncode == 0, result.stderr
+    assert '"cu128"' in result.stdout
+    assert stack.image_id(ref) == stack.image_id(f"{ref}-cu128")
+    listing = json.loads(
+        stack.docker(
+            "variant",
+            "ls",
+            "--json",
+            "--providers-file",
+            stack.host_file("v3-cpu"),
+            ref,
+            check=True,
+        ).stdout
+    )
+    assert [v["label"] for v in listing["variants"] if v["compatible"]] == ["v3", "null", None]
+
+
+def test_bare_image_only_when_no_variant_fits(stack: Stack) -> None:
+    ref = stack.publish("e2e/barefallback", ["cu128", "v3"])
+    result = stack.docker("variant", "pull", "--providers-file", stack.host_file("graviton"), ref)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().startswith("Selected the bare image of")
+    stack.forget(stack.registry.address, "e2e/barefallback")
+    result = stack.docker(
+        "variant", "pull", "--providers-file", stack.host_file("v3-cpu"), ref, check=True
+    )
+    assert '"v3"' in result.stdout
+
+
+def test_no_compatible_variant_exits_1_and_tags_nothing(stack: Stack) -> None:
+    ref = stack.publish("e2e/gpuonly", ["cu128"], bare=False)
+    result = stack.docker("variant", "pull", "--providers-file", stack.host_file("graviton"), ref)
+    assert result.returncode == 1
+    assert "cu128: no provider for namespace nvidia on this host" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert stack.image_id(ref) is None and stack.image_id(f"{ref}-cu128") is None
+    dry = stack.docker(
+        "variant", "pull", "--dry-run", "--providers-file", stack.host_file("h200"), ref
+    )
+    assert dry.returncode == 0 and '"cu128"' in dry.stdout
+    assert stack.image_id(ref) is None, "--dry-run pulls nothing"
+
+
+def test_push_refuses_bad_labels(stack: Stack) -> None:
+    ref = f"{stack.registry.address}/e2e/refused:1.0.0-cu126"
+    stack.build(ref, "cu128", "mislabelled\n")  # built as cu128, tagged cu126
+    result = stack.docker("variant", "push", ref)
+    assert (
+        result.returncode == 2 and "'cu128'" in result.stderr and "Traceback" not in result.stderr
+    )
+    bad = f"{stack.registry.address}/e2e/refused:1.0.0-x"
+    stack.build(
+        bad,
+        None,
+        "bad value\n",
+        [
+            "--label",
+            "dev.pep817.variant-label=x",
+            "--label",
+            "dev.pep817.variant.nvidia.sm_arch=9.0",
+        ],
+    )
+    result = stack.docker("variant", "push", bad)
+    assert result.returncode == 2 and "'9.0'" in result.stderr
+    tags = stack.run("curl", "-s", f"{stack.registry.url}/v2/e2e/refused/tags/list").stdout
+    assert "1.0.0" not in tags, "nothing was pushed"
+    missing = stack.docker("variant", "push", f"{stack.registry.address}/e2e/refused:9.9.9")
+    assert missing.returncode == 2 and "no such local image" in missing.stderr
+
+
+def test_faults_exit_3_with_a_clear_message(stack: Stack, app_ref: str) -> None:
+    gone = stack.docker(
+        "variant", "pull", app_ref, env={"DOCKER_HOST": f"unix://{stack.root}/nothing.sock"}
+    )
+    assert (
+        gone.returncode == 3 and "not reachable" in gone.stderr and "Traceback" not in gone.stderr
+    )
+    port = devstack.free_port()
+    down = stack.docker("variant", "pull", f"127.0.0.1:{port}/e2e/app:1.0.0")
+    assert (
+        down.returncode == 3
+        and f"127.0.0.1:{port}" in down.stderr
+        and "Traceback" not in down.stderr
+    )
+    missing = stack.docker("variant", "pull", f"{stack.registry.address}/e2e/nosuchimage:1.0.0")
+    assert missing.returncode == 3 and "nosuchimage" in missing.stderr
+
+
+def test_interrupted_pull_leaves_no_tags(stack: Stack) -> None:
+    ref = stack.publish("e2e/broken", ["v3"], bare=False)
+    # Lose the layer's data in the registry: the engine's pull fails half-way, after the manifest.
+    layers = stack.registry.root / "storage" / "docker" / "registry" / "v2" / "blobs"
+    manifest = json.loads(
+        stack.run(
+            "curl",
+            "-s",
+            "-H",
+            "Accept: application/vnd.docker.distribution.manifest.v2+json",
+            f"{stack.registry.url}/v2/e2e/broken/manifests/1.0.0-v3",
+        ).stdout
+    )
+    digest = manifest["layers"][0]["digest"].split(":", 1)[1]
+    (layers / "sha256" / digest[:2] / digest / "data").unlink()
+    result = stack.docker("variant", "pull", "--providers-file", stack.host_file("v3-cpu"), ref)
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr and "pull" in result.stderr
+    assert stack.image_id(ref) is None and stack.image_id(f"{ref}-v3") is None
