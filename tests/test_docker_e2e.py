@@ -296,3 +296,24 @@ def test_interrupted_pull_leaves_no_tags(stack: Stack) -> None:
     assert result.returncode == 3, result.stderr
     assert "Traceback" not in result.stderr and "pull" in result.stderr
     assert stack.image_id(ref) is None and stack.image_id(f"{ref}-v3") is None
+
+
+def test_the_readme_demo_runs_and_cleans_up() -> None:
+    if shutil.which("dockerd") is None:
+        pytest.skip("dockerd is not installed (scripts/setup installs it)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "NV_VARIANT"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "docker_variant.demo"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    choices = result.stdout.split("== choices", 1)[1]
+    assert (
+        "an H200 on an R570 driver (CUDA 12.8)" in choices and 'Selected variant "cu128"' in choices
+    )
+    assert 'Selected variant "cpu"' in choices  # the old driver rules out both CUDA variants
+    removed = result.stdout.rsplit("removed ", 1)[1].strip()
+    assert removed.startswith("/tmp/dv-demo-") and not Path(removed).exists()

@@ -1,0 +1,133 @@
+"""The demo on embedded defaults (README's first command): a local registry, variant-proxy
+and Docker engine; six images of one app version; pulls as three different hosts.
+
+Everything runs in a temp dir, listens on 127.0.0.1 and is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from docker_variant import devstack
+from docker_variant.providers.nvidia import nvidia_features
+
+APP = "demo/app"
+VERSION = "1.0.0"
+VARIANTS: dict[str, list[str]] = {
+    "cpu": ["x86_64 :: level :: v1"],
+    "v3": ["x86_64 :: level :: v3"],
+    "cu126": ["nvidia :: cuda_version_lower_bound :: 12.6"],
+    "cu128": ["nvidia :: cuda_version_lower_bound :: 12.8", "nvidia :: sm_arch :: 90_real"],
+    "null": [],
+}
+SIMULATED_HOSTS = {
+    "an H200 on an R570 driver (CUDA 12.8)": {
+        "nvidia": nvidia_features((12, 8), (9, 0)),
+        "x86_64": {"level": ["v4", "v3", "v2", "v1"]},
+    },
+    "an A100 on an old R550 driver (CUDA 12.4), x86-64-v2 CPU": {
+        "nvidia": nvidia_features((12, 4), (8, 0)),
+        "x86_64": {"level": ["v2", "v1"]},
+    },
+}
+
+
+class Demo:
+    def __init__(self, root: Path, env: dict[str, str]) -> None:
+        self.root = root
+        self.env = env
+
+    def run(self, *args: str, show: bool = True) -> str:
+        if show:
+            print(f"$ {' '.join(args)}", flush=True)
+        result = subprocess.run(list(args), env=self.env, text=True, stdout=subprocess.PIPE)
+        if result.returncode != 0:
+            raise SystemExit(f"demo: {args[0]} {args[1]} failed with exit code {result.returncode}")
+        if show and result.stdout.strip():
+            print(result.stdout.rstrip(), flush=True)
+        return result.stdout
+
+    def build_and_push(self, registry: str, label: str | None) -> None:
+        context = self.root / "context"
+        context.mkdir(exist_ok=True)
+        (context / "Dockerfile").write_text("FROM scratch\nCOPY app.txt /app.txt\n")
+        (context / "app.txt").write_text(f"demo app {VERSION} built for {label or 'any host'}\n")
+        tag = f"{VERSION}-{label}" if label else VERSION
+        ref = f"{registry}/{APP}:{tag}"
+        build_args: list[str] = []
+        if label is not None:
+            props = [arg for prop in VARIANTS[label] for arg in ("--property", prop)]
+            build_args = self.run("docker-variant", "labels", "--label", label, *props).split()
+        self.run("docker", "build", "-q", "--network=host", "-t", ref, *build_args, str(context))
+        self.run("docker", "variant", "push", ref)
+        self.run("docker", "rmi", "-f", ref, show=False)  # so that the pulls really download
+
+
+def main() -> None:
+    root = Path(tempfile.mkdtemp(prefix="dv-demo-", dir="/tmp"))  # short: socket paths are bounded
+    services: list[devstack.Service] = []
+    try:
+        print("== starting a registry, variant-proxy and a Docker engine on 127.0.0.1", flush=True)
+        registry = devstack.start_registry(root / "registry")
+        services.append(registry)
+        proxy = devstack.start_proxy(registry.url, root / "proxy")
+        services.append(proxy)
+        engine = devstack.start_dockerd(root / "engine")
+        services.append(engine)
+        print(f"   registry {registry.address}, proxy {proxy.address}, engine {engine.address}")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "NV_VARIANT"))}
+        env |= {
+            "DOCKER_HOST": engine.address,
+            "DOCKER_CONFIG": str(root / "docker-config"),
+            "DOCKER_BUILDKIT": "0",
+            "DOCKER_CLI_HINTS": "false",
+            "XDG_CACHE_HOME": str(root / "cache"),
+            "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
+        }
+        demo = Demo(root, env)
+        demo.run("docker-variant", "install-plugin")
+
+        print("\n== publishing six images of one version through the proxy", flush=True)
+        for label in [*VARIANTS, None]:
+            demo.build_and_push(proxy.address, label)
+
+        ref = f"{proxy.address}/{APP}:{VERSION}"
+        print("\n== what this host sees", flush=True)
+        demo.run("docker-variant", "providers")
+        demo.run("docker", "variant", "ls", ref)
+
+        choices = {"this host": demo.run("docker", "variant", "pull", ref).strip()}
+        for name, host in SIMULATED_HOSTS.items():
+            path = root / f"host-{len(choices)}.json"
+            path.write_text(json.dumps(host))
+            print(f"\n== pulling as {name}", flush=True)
+            choices[name] = demo.run(
+                "docker", "variant", "pull", "--providers-file", str(path), ref
+            ).strip()
+        print("\n== local tags (REF and each chosen variant share one image ID)", flush=True)
+        demo.run(
+            "docker",
+            "images",
+            "--format",
+            "{{.Repository}}:{{.Tag}}  {{.ID}}",
+            f"{proxy.address}/{APP}",
+        )
+
+        print("\n== choices", flush=True)
+        for name, line in choices.items():
+            print(f"  {name:58} {line}")
+    finally:
+        for service in reversed(services):
+            service.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        print("\n== stopped everything the demo started; removed", root)
+
+
+if __name__ == "__main__":
+    main()
