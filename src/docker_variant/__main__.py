@@ -1,3 +1,3 @@
-from docker_variant.cli import main
+from docker_variant.entry import main
 
 main()

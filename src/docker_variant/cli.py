@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
 from rich.console import Console
 
-from docker_variant import __version__
 from docker_variant.errors import DockerVariantError, InvalidInputError, UnreachableError
 from docker_variant.providers import HostReport, detect_host
 from docker_variant.render import host_table, selection_json, selection_table
@@ -27,13 +27,6 @@ from docker_variant.variant import (
     parse_property,
     select,
 )
-
-PLUGIN_METADATA = {
-    "SchemaVersion": "0.1.0",
-    "Vendor": "docker-variant",
-    "Version": __version__,
-    "ShortDescription": "Pull the best PEP 817 variant of an image for this host",
-}
 
 app = typer.Typer(
     name="docker-variant",
@@ -401,25 +394,18 @@ def install_plugin(
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["docker-cli-plugin-metadata"]:
-        sys.stdout.write(json.dumps(PLUGIN_METADATA) + "\n")
-        return
     prog = "docker-variant"
     if args[:1] == ["variant"]:  # run by the Docker CLI as a plugin
         args, prog = args[1:], "docker variant"
     try:
         code = app(args=args, prog_name=prog, standalone_mode=False)
-    except typer.Exit as exc:
+    except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except typer.Abort:
+    except click.exceptions.Abort:
         sys.stderr.write("docker-variant: interrupted\n")
         sys.exit(130)
-    except typer.TyperException as exc:  # usage errors: bad option, unknown command
-        show = getattr(exc, "show", None)
-        if callable(show):
-            show()
-        else:
-            sys.stderr.write(f"docker-variant: {exc}\n")
+    except click.exceptions.ClickException as exc:  # usage errors: bad option, unknown command
+        exc.show()
         sys.exit(2)
     except DockerVariantError as exc:
         sys.stderr.write(f"docker-variant: {exc}\n")

@@ -9,10 +9,12 @@ escapes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import os
 import platform as _platform
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -134,6 +136,12 @@ def config_labels(config: Mapping[str, Any], where: str) -> dict[str, str]:
     return labels
 
 
+@functools.cache
+def _system_tls() -> ssl.SSLContext:
+    """The system's trust store, as Docker uses; also cheaper to load than certifi's bundle."""
+    return ssl.create_default_context()
+
+
 class RegistryClient:
     """The distribution API of one registry (or a proxy in front of it).
 
@@ -166,6 +174,7 @@ class RegistryClient:
             follow_redirects=True,  # blobs may live behind a redirect (S3, CDN)
             limits=httpx.Limits(max_connections=max_concurrency),
             transport=transport,
+            verify=_system_tls(),
         )
 
     @classmethod
