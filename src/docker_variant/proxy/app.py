@@ -1,0 +1,167 @@
+"""The ``variant-proxy`` ASGI app: distribution API pass-through plus ``_variants``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route as StarletteRoute
+
+from docker_variant.errors import InvalidInputError
+from docker_variant.oci.errors import one_line
+from docker_variant.proxy.metrics import CONTENT_TYPE_LATEST, AccessLog, ProxyMetrics
+from docker_variant.proxy.names import PathError, Route, RouteKind, parse_v2_path
+from docker_variant.proxy.passthrough import Upstream
+from docker_variant.proxy.responses import oci_error
+from docker_variant.proxy.variants import (
+    PROPERTIES_HEADER,
+    IndexCache,
+    VariantService,
+    discover_document,
+)
+
+__all__ = ["DEFAULT_CACHE_TTL", "DEFAULT_UPSTREAM_TIMEOUT", "check_upstream_url", "create_app"]
+
+DEFAULT_CACHE_TTL = 30.0
+DEFAULT_UPSTREAM_TIMEOUT = 30.0
+# Starlette would default a function endpoint to GET only.
+_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+def check_upstream_url(url: str) -> str:
+    """``http(s)://host[:port][/prefix]`` without credentials, query or fragment."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise InvalidInputError(f"invalid upstream URL {url!r}: {exc}") from exc
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise InvalidInputError(
+            f"invalid upstream URL {url!r}: expected http://host[:port] or https://host[:port]"
+        )
+    if parsed.userinfo or parsed.query or parsed.fragment:
+        raise InvalidInputError(
+            f"invalid upstream URL {url!r}: no credentials, query or fragment allowed "
+            "(callers' own credentials are forwarded)"
+        )
+    if parsed.path.rstrip("/").endswith("/v2"):
+        raise InvalidInputError(
+            f"invalid upstream URL {url!r}: give the registry's base URL, without /v2"
+        )
+    return str(parsed).rstrip("/")
+
+
+def create_app(
+    upstream_url: str,
+    cache_ttl: float = DEFAULT_CACHE_TTL,
+    *,
+    upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT,
+    connect_timeout: float = 10.0,
+    max_connections: int = 256,
+) -> Starlette:
+    """The proxy for ``upstream_url``; ``cache_ttl`` bounds how stale an index may be
+    (0 disables the cache); ``upstream_timeout`` bounds an index scan and the wait for
+    the headers of a pass-through answer (blob bodies are never timed)."""
+    base_url = check_upstream_url(upstream_url)
+    if cache_ttl < 0:
+        raise InvalidInputError(f"cache TTL must be >= 0 seconds, got {cache_ttl}")
+    if upstream_timeout <= 0:
+        raise InvalidInputError(f"upstream timeout must be > 0 seconds, got {upstream_timeout}")
+    metrics = ProxyMetrics()
+    cache = IndexCache(cache_ttl)
+    state: dict[str, VariantService] = {}
+
+    def service() -> VariantService:
+        return state["service"]
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        upstream = Upstream(
+            base_url,
+            timeout=upstream_timeout,
+            connect_timeout=connect_timeout,
+            max_connections=max_connections,
+        )
+        state["service"] = VariantService(upstream, cache, metrics)
+        try:
+            yield
+        finally:
+            await upstream.aclose()
+
+    async def dispatch(request: Request) -> Response:
+        raw = request.scope.get("raw_path")
+        raw_path = raw.decode("latin-1") if isinstance(raw, bytes) else request.url.path
+        try:
+            route = parse_v2_path(raw_path)
+        except PathError as exc:
+            return oci_error(400, exc.code, exc.message, exc.detail)
+        return await _handle(service(), request, route)
+
+    async def healthz(request: Request) -> Response:
+        if request.query_params.get("upstream") not in ("1", "true", "yes"):
+            return PlainTextResponse("ok")
+        upstream = service().upstream
+        started = time.perf_counter()
+        report: dict[str, object] = {"url": upstream.base_url}
+        try:
+            probe = await upstream.probe()
+        except (httpx.HTTPError, TimeoutError) as exc:
+            report |= {"reachable": False, "error": one_line(f"{type(exc).__name__}: {exc}")}
+        else:
+            # 401 is a healthy registry asking for credentials
+            report |= {"reachable": probe.status_code in (200, 401), "status": probe.status_code}
+        report["latency_ms"] = round((time.perf_counter() - started) * 1000, 2)
+        ok = bool(report["reachable"])
+        return JSONResponse(
+            {"status": "ok" if ok else "upstream unreachable", "upstream": report},
+            status_code=200 if ok else 503,
+        )
+
+    async def metrics_endpoint(_request: Request) -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    app = Starlette(
+        routes=[
+            StarletteRoute("/healthz", healthz, methods=["GET"]),
+            StarletteRoute("/metrics", metrics_endpoint, methods=["GET"]),
+            StarletteRoute("/{path:path}", dispatch, methods=_METHODS),
+        ],
+        lifespan=lifespan,
+    )
+    app.add_middleware(AccessLog, metrics=metrics)
+    app.state.metrics = metrics
+    app.state.cache = cache
+    return app
+
+
+async def _handle(service: VariantService, request: Request, route: Route) -> Response:
+    kind, method = route.kind, request.method
+    if kind is RouteKind.OTHER:
+        return PlainTextResponse("404 page not found", status_code=404)
+    if kind is RouteKind.UNKNOWN:
+        return oci_error(404, "UNSUPPORTED", "not a distribution API route", request.url.path)
+    if kind is RouteKind.DISCOVER:
+        if method not in ("GET", "HEAD"):
+            return oci_error(405, "UNSUPPORTED", f"{method} is not allowed here")
+        return JSONResponse(discover_document())
+    if kind is RouteKind.VARIANTS:
+        if method not in ("GET", "HEAD"):
+            return oci_error(405, "UNSUPPORTED", f"{method} is not allowed on _variants")
+        return await service.variants_endpoint(request, route)
+    if kind is RouteKind.MANIFEST and method in ("GET", "HEAD"):
+        header = request.headers.get(PROPERTIES_HEADER)
+        if header is not None:
+            return await service.resolve_manifest(request, route, header)
+    response = await service.upstream.forward(request, route)
+    if (
+        kind is RouteKind.MANIFEST
+        and method in ("PUT", "DELETE")
+        and 200 <= response.status_code < 300
+        and route.name is not None
+    ):
+        service.invalidate(route.name)
+    return response

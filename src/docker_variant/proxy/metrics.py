@@ -1,0 +1,162 @@
+"""Prometheus metrics and the one-JSON-line-per-request access log.
+
+Each app gets its own ``CollectorRegistry`` so that several proxies in one process (tests)
+do not collide on metric names.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from email.utils import formatdate
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from docker_variant.proxy.names import PathError, RouteKind, parse_v2_path
+
+__all__ = ["CONTENT_TYPE_LATEST", "AccessLog", "JsonFormatter", "ProxyMetrics", "route_kind"]
+
+ACCESS_LOGGER = "docker_variant.proxy.access"
+
+
+class ProxyMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "variant_proxy_requests",
+            "Requests answered, by route class, method and status",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.variants_latency = Histogram(
+            "variant_proxy_variants_seconds",
+            "Time to answer a successful _variants request",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.cache_hits = Counter(
+            "variant_proxy_cache_hits",
+            "Index requests served from the cache",
+            registry=self.registry,
+        )
+        self.cache_misses = Counter(
+            "variant_proxy_cache_misses",
+            "Index requests that scanned the upstream",
+            registry=self.registry,
+        )
+        self.scans = Counter(
+            "variant_proxy_scans",
+            "Index scans of the upstream (concurrent misses of one index share one)",
+            registry=self.registry,
+        )
+        self.invalidations = Counter(
+            "variant_proxy_cache_invalidations",
+            "Repositories whose cached indexes a manifest PUT/DELETE dropped",
+            registry=self.registry,
+        )
+        self.upstream_errors = Counter(
+            "variant_proxy_upstream_errors",
+            "Index requests that failed upstream (refused, not found, down, garbage), by kind",
+            ["kind"],
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def route_kind(scope: Scope) -> RouteKind:
+    path: str = scope.get("path", "")
+    if path == "/healthz":
+        return RouteKind.HEALTH
+    if path == "/metrics":
+        return RouteKind.METRICS
+    raw = scope.get("raw_path")
+    try:
+        return parse_v2_path(raw.decode("latin-1") if isinstance(raw, bytes) else path).kind
+    except PathError:
+        return RouteKind.INVALID
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; request fields come in through ``extra={"fields": ...}``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            entry.update(fields)
+        else:
+            entry["message"] = record.getMessage()
+        if record.exc_info:
+            text = self.formatException(record.exc_info)
+            entry["error"] = text.splitlines()[-1]
+            entry["traceback"] = text  # still one line: JSON escapes the newlines
+        return json.dumps(entry, sort_keys=True)
+
+
+class AccessLog:
+    """ASGI middleware: counts every request and logs it as one JSON line.
+
+    Only method, route class, path, status, duration and size are logged: never headers,
+    so no ``Authorization`` value can reach a log.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: ProxyMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.log = logging.getLogger(ACCESS_LOGGER)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 0
+        sent = 0
+
+        async def counting_send(message: Message) -> None:
+            nonlocal status, sent
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                headers = list(message.get("headers", []))
+                # The server's own Date header is off, so that an upstream's Date is not
+                # doubled; the proxy's own answers get one here.
+                if not any(k.lower() == b"date" for k, _ in headers):
+                    headers.append((b"date", formatdate(usegmt=True).encode()))
+                    message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body":
+                sent += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        except Exception:
+            status = status or 500  # what the server error handler outside us answers
+            raise
+        finally:
+            route = route_kind(scope).value
+            method = str(scope.get("method", ""))
+            shown = str(status) if status else "aborted"  # cancelled before answering
+            self.metrics.requests.labels(route, method, shown).inc()
+            self.log.info(
+                "request",
+                extra={
+                    "fields": {
+                        "method": method,
+                        "route": route,
+                        "path": scope.get("path", ""),
+                        "status": status or None,
+                        "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+                        "bytes": sent,
+                    }
+                },
+            )

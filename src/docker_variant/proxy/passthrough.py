@@ -1,0 +1,315 @@
+"""Pass-through of the distribution API: one pooled httpx client, streaming both ways.
+
+Requests go up with their method, query, headers (less hop-by-hop ones) and body, the
+body streamed as it arrives (blob uploads); answers come down unchanged and streamed
+(blobs), redirects included (never followed here). ``Location`` and ``Link`` values that
+point at the upstream are rewritten to the proxy's own base URL, taken from the
+request's ``Host`` header, so clients keep talking to the proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterable, Mapping
+from types import TracebackType
+
+import anyio
+import httpx
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from docker_variant import __version__
+from docker_variant.oci.client import MANIFEST_ACCEPT
+from docker_variant.oci.errors import one_line
+from docker_variant.proxy.names import Route, RouteKind
+from docker_variant.proxy.responses import oci_error
+
+__all__ = ["BorrowedTransport", "Upstream", "UpstreamResponse", "proxy_base_url"]
+
+log = logging.getLogger("docker_variant.proxy")
+
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Not forwarded upstream: the proxy's own header, Host (httpx sets the upstream's) and
+# Expect (the server here already answered "100 Continue" when the body was read).
+_REQUEST_DROP = frozenset({"host", "x-variant-properties", "expect"})
+_CHECK_BODY_LIMIT = 4 << 20  # a manifest's size limit
+
+
+def _connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> set[str]:
+    """Header names listed in ``Connection`` are hop-by-hop too (RFC 9110 7.6.1)."""
+    tokens: set[str] = set()
+    for key, value in headers:
+        if key.lower() == b"connection":
+            tokens.update(t.strip().lower() for t in value.decode("latin-1").split(",") if t)
+    return tokens
+
+
+def proxy_base_url(scope: Scope) -> str:
+    """``scheme://host[:port]`` as the caller addressed the proxy."""
+    host = ""
+    for key, value in scope.get("headers", []):
+        if key == b"host":
+            host = value.decode("latin-1")
+            break
+    if not host:
+        server = scope.get("server") or ("127.0.0.1", 80)
+        host = f"{server[0]}:{server[1]}"
+    return f"{scope.get('scheme', 'http')}://{host}"
+
+
+class BorrowedTransport(httpx.AsyncBaseTransport):
+    """Lends the proxy's pooled transport to a short-lived client without letting that
+    client close it (``AsyncClient.aclose`` closes its transport)."""
+
+    def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
+        self._transport = transport
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._transport.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        pass  # the owner closes it at shutdown
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        pass
+
+
+class UpstreamResponse(Response):
+    """Streams an upstream answer down, closing it however the exchange ends."""
+
+    def __init__(
+        self, upstream: httpx.Response, headers: list[tuple[bytes, bytes]], *, body: bool
+    ) -> None:
+        self.status_code = upstream.status_code
+        self.raw_headers = headers
+        self.background = None
+        self._upstream = upstream
+        self._send_body = body and upstream.status_code not in (204, 304)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            if not self._send_body:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            async with anyio.create_task_group() as group:
+                # A caller that hangs up mid-blob stops the upstream read at once.
+                group.start_soon(_cancel_on_disconnect, receive, group.cancel_scope)
+                if await self._stream(send):
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                group.cancel_scope.cancel()
+        finally:
+            await self._upstream.aclose()
+
+    async def _stream(self, send: Send) -> bool:
+        try:
+            async for chunk in self._upstream.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as exc:
+            # Too late for an error status: leave the response incomplete, so the server
+            # drops the connection and the caller sees a short body, not a silent one.
+            log.warning(
+                "upstream failed mid-body: %s",
+                one_line(f"{self._upstream.request.url}: {exc!r}"),
+            )
+            return False
+        return True
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
+
+
+async def _request_body(request: Request) -> AsyncIterator[bytes]:
+    async for chunk in request.stream():
+        if chunk:  # an empty chunk would end a chunked upload early
+            yield chunk
+
+
+class Upstream:
+    """The upstream registry: its base URL and the shared, pooled HTTP client."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+        max_connections: int = 256,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._prefix = httpx.URL(self.base_url).path.rstrip("/")
+        self.transport = httpx.AsyncHTTPTransport(
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+        )
+        # No read time-out: a blob body may take as long as it takes. Requests without a
+        # body get an overall deadline for their response headers instead (see forward).
+        self.client = httpx.AsyncClient(
+            transport=self.transport,
+            timeout=httpx.Timeout(None, connect=connect_timeout),
+            follow_redirects=False,
+            headers={"User-Agent": f"docker-variant-proxy/{__version__}"},
+        )
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def url(self, path: str, query: bytes = b"") -> httpx.URL:
+        text = f"{self.base_url}{path}"
+        if query:
+            text += "?" + query.decode("latin-1")
+        return httpx.URL(text)
+
+    def request_headers(self, request: Request) -> list[tuple[bytes, bytes]]:
+        raw = request.scope.get("headers", [])
+        drop = _HOP_BY_HOP | _REQUEST_DROP | _connection_tokens(raw)
+        return [(k, v) for k, v in raw if k.decode("latin-1").lower() not in drop]
+
+    def response_headers(
+        self, response: httpx.Response, proxy_base: str, extra: Mapping[str, str] | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        raw = response.headers.raw
+        drop = _HOP_BY_HOP | _connection_tokens(raw)
+        out: list[tuple[bytes, bytes]] = []
+        for key, value in raw:
+            name = key.decode("latin-1").lower()
+            if name in drop:
+                continue
+            if name in ("location", "content-location", "link"):
+                value = self.rewrite(value.decode("latin-1"), proxy_base).encode("latin-1")
+            out.append((name.encode("latin-1"), value))
+        for name, text in (extra or {}).items():
+            out.append((name.lower().encode("latin-1"), text.encode("latin-1")))
+        return out
+
+    def rewrite(self, value: str, proxy_base: str) -> str:
+        """Point URLs at the upstream's API (absolute, or under its path prefix) at the proxy."""
+        upstream_v2 = f"{self.base_url}/v2/"
+        out, start = [], 0
+        lowered = value.lower()
+        while True:
+            hit = lowered.find(upstream_v2.lower(), start)
+            if hit < 0:
+                break
+            out += [value[start:hit], f"{proxy_base}/v2/"]
+            start = hit + len(upstream_v2)
+        out.append(value[start:])
+        rewritten = "".join(out)
+        if self._prefix:
+            rewritten = rewritten.replace(f"{self._prefix}/v2/", "/v2/")
+        return rewritten
+
+    async def forward(
+        self,
+        request: Request,
+        route: Route,
+        *,
+        method: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> Response:
+        """Send ``request`` to the upstream at ``route`` and stream the answer back."""
+        method = method or request.method
+        headers = self.request_headers(request)
+        has_body = method not in ("GET", "HEAD") and (
+            request.headers.get("content-length", "0") not in ("", "0")
+            or "chunked" in request.headers.get("transfer-encoding", "").lower()
+        )
+        what = f"{method} {route.upstream_path()}"
+        upstream_request = self.client.build_request(
+            method,
+            self.url(route.upstream_path(), request.scope.get("query_string", b"")),
+            headers=headers,
+            content=_request_body(request) if has_body else None,
+        )
+        try:
+            if has_body:
+                # An upload lasts as long as the caller sends; only connecting is timed.
+                response = await self.client.send(upstream_request, stream=True)
+            else:
+                async with asyncio.timeout(self.timeout):
+                    response = await self.client.send(upstream_request, stream=True)
+        except ClientDisconnect:
+            return Response(status_code=499)  # nobody is left to read it
+        except (TimeoutError, httpx.TimeoutException):
+            return oci_error(504, "UNAVAILABLE", f"{what}: the upstream registry timed out")
+        except httpx.HTTPError as exc:
+            return oci_error(
+                502,
+                "UNAVAILABLE",
+                f"{what}: the upstream registry failed: {type(exc).__name__}: {exc}",
+            )
+        headers_out = self.response_headers(response, proxy_base_url(request.scope), extra_headers)
+        return UpstreamResponse(response, headers_out, body=method != "HEAD")
+
+    async def check_pull(
+        self, name: str, tag: str | None, authorization: str | None, proxy_base: str
+    ) -> tuple[int, Response | None]:
+        """May this caller read ``name``? Asks the upstream with the caller's own
+        ``Authorization`` for the manifest of ``tag`` (small, and certainly there when it
+        came from a scan), or for a one-tag listing when there is no tag.
+
+        Returns the upstream status and, unless it is 2xx, the upstream's answer to hand
+        back as it is (a 401 with its ``WWW-Authenticate``, a 403, a 404...). Raises
+        ``httpx.HTTPError`` or ``TimeoutError`` when no answer comes.
+        """
+        headers = {"Accept": MANIFEST_ACCEPT}
+        if authorization:
+            headers["Authorization"] = authorization
+        if tag is None:
+            url = self.url(Route(RouteKind.TAGS, name).upstream_path(), b"n=1")
+        else:
+            url = self.url(Route(RouteKind.MANIFEST, name, tag).upstream_path())
+        async with (
+            asyncio.timeout(self.timeout),
+            self.client.stream("GET", url, headers=headers) as response,
+        ):
+            body = b""
+            async for chunk in response.aiter_raw():
+                body += chunk
+                if len(body) > _CHECK_BODY_LIMIT:
+                    break  # only the status matters; a huge body is cut here
+        if response.is_success:
+            return response.status_code, None
+        kept = [
+            (k, v)
+            for k, v in self.response_headers(response, proxy_base)
+            if k != b"content-length"  # the body may have been cut
+        ]
+        answer = Response(body, status_code=response.status_code)
+        answer.raw_headers = [*kept, (b"content-length", str(len(body)).encode())]
+        return response.status_code, answer
+
+    async def probe(self) -> httpx.Response:
+        async with asyncio.timeout(self.timeout):
+            return await self.client.get(self.url("/v2/"))

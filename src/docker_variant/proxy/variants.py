@@ -1,0 +1,320 @@
+"""The ``_variants`` extension: index cache, the endpoint and transparent resolution.
+
+Who may see an index is always the upstream's decision: every request, cached or not,
+first asks the upstream for a one-tag listing of the repository with the caller's own
+``Authorization``; only a 2xx lets cached (or freshly scanned) data out. The scan itself
+also runs with the caller's credentials.
+
+Concurrent misses of one (name, version) share one scan. A scan that started before a
+manifest PUT/DELETE invalidated the repository is never stored, so an invalidation can
+not be undone by a slow scan finishing after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response
+
+from docker_variant.errors import InvalidInputError
+from docker_variant.oci.client import RegistryClient
+from docker_variant.oci.errors import (
+    BadUpstreamResponseError,
+    NotFoundError,
+    RegistryAuthError,
+    UpstreamUnavailableError,
+)
+from docker_variant.oci.scan import scan_index
+from docker_variant.proxy.metrics import ProxyMetrics
+from docker_variant.proxy.names import Route, RouteKind, is_digest
+from docker_variant.proxy.passthrough import BorrowedTransport, Upstream, proxy_base_url
+from docker_variant.proxy.responses import JSON, error_kind, failure_response, oci_error
+from docker_variant.variant import VariantIndex, select
+from docker_variant.variant.model import parse_supported_lists
+
+__all__ = [
+    "LABEL_HEADER",
+    "PROPERTIES_HEADER",
+    "CachedIndex",
+    "IndexCache",
+    "VariantService",
+    "discover_document",
+]
+
+PROPERTIES_HEADER = "x-variant-properties"
+LABEL_HEADER = "X-Variant-Label"
+_MAX_PROPERTIES_HEADER = 64 << 10
+_SCAN_CONCURRENCY = 8
+
+
+@dataclass(frozen=True)
+class CachedIndex:
+    index: VariantIndex
+    body: bytes  # json.dumps(index.to_json(), sort_keys=True), encoded once
+    expires: float
+
+
+Key = tuple[str, str]  # (repository, version)
+
+
+class IndexCache:
+    """Indexes by (repository, version) for ``ttl`` seconds, at most ``max_entries`` (LRU)."""
+
+    def __init__(
+        self,
+        ttl: float,
+        *,
+        max_entries: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self.clock = clock
+        self._entries: OrderedDict[Key, CachedIndex] = OrderedDict()
+        self._generations: dict[str, int] = {}
+
+    def get(self, key: Key) -> CachedIndex | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if entry.expires <= self.clock():
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
+        return entry
+
+    def generation(self, name: str) -> int:
+        return self._generations.get(name, 0)
+
+    def put(self, key: Key, index: VariantIndex, body: bytes, generation: int) -> CachedIndex:
+        entry = CachedIndex(index, body, self.clock() + self.ttl)
+        # A stale scan (the repository changed while it ran) must not be stored.
+        if self.ttl > 0 and self.generation(key[0]) == generation:
+            self._entries[key] = entry
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        return entry
+
+    def invalidate(self, name: str) -> None:
+        self._generations[name] = self.generation(name) + 1
+        for key in [k for k in self._entries if k[0] == name]:
+            del self._entries[key]
+
+
+def discover_document() -> dict[str, object]:
+    """The OCI extensions discovery answer (``GET /v2/_oci/ext/discover``)."""
+    return {
+        "extensions": [
+            {
+                "name": "_variants",
+                "url": "https://peps.python.org/pep-0825/",
+                "description": (
+                    "PEP 817/825 variant index of an image version: "
+                    "GET /v2/<name>/_variants/<version> returns variants.json plus "
+                    "'images', 'bare' and 'invalid'; HEAD/GET /v2/<name>/manifests/<version> "
+                    "with X-Variant-Properties returns the best variant's manifest"
+                ),
+                "endpoints": ["_variants"],
+            }
+        ]
+    }
+
+
+class VariantService:
+    def __init__(self, upstream: Upstream, cache: IndexCache, metrics: ProxyMetrics) -> None:
+        self.upstream = upstream
+        self.cache = cache
+        self.metrics = metrics
+        self._flights: dict[Key, asyncio.Task[CachedIndex]] = {}
+
+    def invalidate(self, name: str) -> None:
+        self.cache.invalidate(name)
+        # Later callers must not join a scan that may predate the change.
+        for key in [k for k in self._flights if k[0] == name]:
+            del self._flights[key]
+        self.metrics.invalidations.inc()
+
+    async def index_for(self, request: Request, name: str, version: str) -> CachedIndex | Response:
+        """The index of ``name:version`` for this caller, or the response refusing it.
+
+        An index this caller did not scan itself (cached, or another caller's scan) is
+        only handed out after the upstream lets this caller read one of its images.
+        """
+        what = f"variant index of {name}:{version}"
+        authorization = request.headers.get("authorization")
+        key = (name, version)
+        shared = self.cache.get(key)
+        if shared is not None:
+            self.metrics.cache_hits.inc()
+        else:
+            self.metrics.cache_misses.inc()
+            flight = self._flights.get(key)
+            if flight is not None:
+                try:
+                    shared = await asyncio.shield(flight)
+                except (RegistryAuthError, NotFoundError):
+                    shared = None  # the owner's refusal need not be ours: scan ourselves
+                except Exception as exc:
+                    # upstream trouble is everyone's: no stampede of retries
+                    self.metrics.upstream_errors.labels(error_kind(exc)).inc()
+                    return failure_response(exc, what)
+        if shared is not None:
+            verdict = await self._authorise(request, name, shared.index, authorization, what)
+            if verdict is True:
+                return shared
+            if isinstance(verdict, Response):
+                return verdict
+            # else: the probed tag is gone; the cached index is stale, so scan afresh
+
+        own = asyncio.ensure_future(self._scan(name, version, authorization))
+        own.add_done_callback(_consume)
+        if key not in self._flights:
+            self._flights[key] = own
+            own.add_done_callback(lambda task: self._land(key, task))
+        try:
+            # shielded: a caller hanging up does not cancel a scan others may be waiting on
+            return await asyncio.shield(own)
+        except Exception as exc:
+            self.metrics.upstream_errors.labels(error_kind(exc)).inc()
+            return failure_response(exc, what)
+
+    async def _authorise(
+        self,
+        request: Request,
+        name: str,
+        index: VariantIndex,
+        authorization: str | None,
+        what: str,
+    ) -> bool | Response:
+        """True: the caller may read ``name``; a Response: the upstream's refusal (or a
+        gateway error); False: inconclusive (the probed tag is gone), so scan instead."""
+        try:
+            status, answer = await self.upstream.check_pull(
+                name, _probe_tag(index), authorization, proxy_base_url(request.scope)
+            )
+        except (httpx.HTTPError, TimeoutError) as exc:
+            self.metrics.upstream_errors.labels(error_kind(exc)).inc()
+            return failure_response(_as_registry_error(exc, self.upstream.base_url), what)
+        if answer is None:
+            return True
+        if status in (401, 403, 429):
+            return answer
+        return False
+
+    def _land(self, key: Key, task: asyncio.Task[CachedIndex]) -> None:
+        if self._flights.get(key) is task:
+            del self._flights[key]
+
+    async def _scan(self, name: str, version: str, authorization: str | None) -> CachedIndex:
+        generation = self.cache.generation(name)
+        self.metrics.scans.inc()
+        headers = {"Authorization": authorization} if authorization else None
+        async with (
+            asyncio.timeout(self.upstream.timeout),
+            RegistryClient(
+                self.upstream.base_url,
+                headers=headers,
+                timeout=self.upstream.timeout,
+                max_concurrency=_SCAN_CONCURRENCY,
+                transport=BorrowedTransport(self.upstream.transport),
+            ) as client,
+        ):
+            index = await scan_index(client, name, version)
+        body = json.dumps(index.to_json(), sort_keys=True).encode()
+        return self.cache.put((name, version), index, body, generation)
+
+    async def variants_endpoint(self, request: Request, route: Route) -> Response:
+        assert route.name is not None and route.reference is not None
+        started = time.perf_counter()
+        result = await self.index_for(request, route.name, route.reference)
+        if isinstance(result, Response):
+            return result
+        self.metrics.variants_latency.observe(time.perf_counter() - started)
+        return Response(result.body, media_type=JSON, headers={"Cache-Control": "no-store"})
+
+    async def resolve_manifest(self, request: Request, route: Route, header: str) -> Response:
+        """HEAD/GET of ``manifests/<version>`` with ``X-Variant-Properties``: the manifest of
+        the best variant for the caller's host, labelled with ``X-Variant-Label``."""
+        assert route.name is not None and route.reference is not None
+        if is_digest(route.reference):
+            return await self.upstream.forward(request, route)  # content addressed: as is
+        try:
+            if len(header) > _MAX_PROPERTIES_HEADER:
+                raise InvalidInputError(f"longer than {_MAX_PROPERTIES_HEADER} bytes")
+            host = parse_supported_lists(json.loads(header), "X-Variant-Properties header")
+        except (ValueError, InvalidInputError) as exc:
+            return oci_error(
+                400,
+                "MANIFEST_INVALID",
+                f"invalid X-Variant-Properties header: {exc}; expected compact JSON "
+                '{"namespace": {"feature": ["value", ...]}}',
+                {"header": "X-Variant-Properties"},
+            )
+        result = await self.index_for(request, route.name, route.reference)
+        if isinstance(result, Response):
+            return result
+        index = result.index
+        if not index.variants and index.bare is None:
+            return await self.upstream.forward(request, route)  # not a variant version
+        try:
+            selection = select(index, host)
+        except InvalidInputError as exc:
+            return oci_error(400, "MANIFEST_INVALID", f"X-Variant-Properties header: {exc}")
+        best = selection.best
+        if best is None:
+            reasons = "; ".join(f"{c.label or c.tag}: {c.reason}" for c in selection.rejected)
+            return oci_error(
+                404,
+                "MANIFEST_UNKNOWN",
+                f"no variant of {route.name}:{route.reference} fits the host described by "
+                f"X-Variant-Properties ({reasons or 'the version has no images'})",
+                {c.label or c.tag: c.reason for c in selection.rejected},
+            )
+        extra = {"Vary": "X-Variant-Properties"}
+        if best.label is not None:  # the bare image has no label: the header is left out
+            extra[LABEL_HEADER] = best.label
+        target = Route(RouteKind.MANIFEST, route.name, best.tag)
+        return await self.upstream.forward(request, target, extra_headers=extra)
+
+
+def _probe_tag(index: VariantIndex) -> str | None:
+    """A tag the index says exists, to ask the upstream whether the caller may pull it."""
+    if index.bare is not None:
+        return index.bare.tag
+    for _label, image in sorted(index.images.items()):
+        return image.tag
+    for invalid in index.invalid:
+        return invalid.tag
+    return None
+
+
+def _consume(task: asyncio.Task[CachedIndex]) -> None:
+    # A failed shared scan may have no waiter left; read its error so asyncio stays quiet.
+    if not task.cancelled():
+        task.exception()
+
+
+def _as_registry_error(exc: BaseException, base_url: str) -> BaseException:
+    """An httpx failure of the authorisation request, as the scan would have reported it."""
+    if isinstance(exc, httpx.TimeoutException | TimeoutError):
+        error: Exception = UpstreamUnavailableError(
+            f"registry at {base_url} timed out", url=base_url
+        )
+    elif isinstance(exc, httpx.RemoteProtocolError | httpx.DecodingError):
+        error = BadUpstreamResponseError(
+            f"registry at {base_url} sent a malformed response: {exc}", url=base_url
+        )
+    else:
+        error = UpstreamUnavailableError(
+            f"registry at {base_url} is unreachable: {exc or type(exc).__name__}", url=base_url
+        )
+    error.__cause__ = exc
+    return error

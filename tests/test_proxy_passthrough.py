@@ -1,0 +1,301 @@
+"""variant-proxy as a transparent distribution API proxy: real registry, real skopeo."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import RunningRegistry
+from fakeupstream import FakeUpstream, Reply, Seen
+from imaging import ImageBuilder, push_blob, sha256_digest
+from proxyrunner import ProxyServer
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def proxy(registry: RunningRegistry) -> Iterator[ProxyServer]:
+    with ProxyServer(registry.url, cache_ttl=3600) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def big_blob(registry: RunningRegistry) -> tuple[str, bytes]:
+    data = os.urandom(3 << 20)
+    return push_blob(registry.url, "pt/blobs", data), data
+
+
+def _skopeo(*args: str) -> str:
+    done = subprocess.run(
+        ["skopeo", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_skopeo_copy_in_and_out_keeps_digests(
+    registry: RunningRegistry, proxy: ProxyServer, image_builder: ImageBuilder, tmp_path: Path
+) -> None:
+    tag = image_builder.build({"purpose": "passthrough"}, layers=3)
+    direct = image_builder.push(tag, f"{registry.host}/pt/direct:1")
+    proxied = image_builder.push(tag, f"{proxy.host}/pt/proxied:1")
+    assert proxied == direct
+    # what went in through the proxy is really in the registry, under the same digest
+    head = httpx.head(
+        f"{registry.url}/v2/pt/proxied/manifests/1",
+        headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
+    )
+    assert head.headers["docker-content-digest"] == direct
+
+    out = tmp_path / "out"
+    _skopeo(
+        "copy",
+        "--quiet",
+        "--src-tls-verify=false",
+        f"docker://{proxy.host}/pt/direct:1",
+        f"dir:{out}",
+    )
+    manifest = (out / "manifest.json").read_bytes()
+    assert sha256_digest(manifest) == direct
+    blobs = [p for p in out.iterdir() if len(p.name) == 64]
+    assert len(blobs) == 4  # config and three layers
+    for blob in blobs:
+        assert hashlib.sha256(blob.read_bytes()).hexdigest() == blob.name
+    inspected = _skopeo(
+        "inspect", "--raw", "--tls-verify=false", f"docker://{proxy.host}/pt/direct:1"
+    )
+    assert inspected.encode() == manifest
+
+
+def test_blob_get_head_and_range(proxy: ProxyServer, big_blob: tuple[str, bytes]) -> None:
+    digest, data = big_blob
+    url = f"{proxy.url}/v2/pt/blobs/blobs/{digest}"
+    whole = httpx.get(url)
+    assert whole.status_code == 200
+    assert whole.content == data
+    assert whole.headers["docker-content-digest"] == digest
+    assert whole.headers["content-length"] == str(len(data))
+
+    head = httpx.head(url)
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["content-length"] == str(len(data))
+    assert head.headers["docker-content-digest"] == digest
+    assert "etag" in head.headers
+
+    part = httpx.get(url, headers={"Range": "bytes=1000-1999"})
+    assert part.status_code == 206
+    assert part.content == data[1000:2000]
+    assert part.headers["content-range"] == f"bytes 1000-1999/{len(data)}"
+
+    missing = httpx.get(f"{proxy.url}/v2/pt/blobs/blobs/sha256:{'0' * 64}")
+    assert missing.status_code == 404
+    assert missing.json()["errors"][0]["code"] == "BLOB_UNKNOWN"
+
+
+def _with_digest(location: str, digest: str) -> httpx.URL:
+    # keep the upload's own query (distribution's _state); httpx params= would replace it
+    return httpx.URL(location).copy_merge_params({"digest": digest})
+
+
+def test_monolithic_and_chunked_uploads(proxy: ProxyServer, registry: RunningRegistry) -> None:
+    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+        # monolithic: POST, then PUT ?digest= with the whole body
+        data = os.urandom(200_000)
+        digest = sha256_digest(data)
+        started = http.post("/v2/pt/upload/blobs/uploads/")
+        assert started.status_code == 202
+        location = started.headers["location"]
+        assert location.startswith(f"{proxy.url}/v2/pt/upload/blobs/uploads/"), location
+        assert "docker-upload-uuid" in started.headers
+        done = http.put(_with_digest(location, digest), content=data)
+        assert done.status_code == 201, done.text
+        assert done.headers["location"].startswith(proxy.url)
+        assert done.headers["docker-content-digest"] == digest
+
+        # chunked: PATCH with a streamed body (Transfer-Encoding: chunked), then PUT
+        data2 = os.urandom(300_000)
+        digest2 = sha256_digest(data2)
+        location = http.post("/v2/pt/upload/blobs/uploads/").headers["location"]
+
+        def pieces() -> Iterator[bytes]:
+            for i in range(0, len(data2), 65536):
+                yield data2[i : i + 65536]
+
+        patched = http.patch(
+            location, content=pieces(), headers={"Content-Type": "application/octet-stream"}
+        )
+        assert patched.status_code == 202, patched.text
+        assert patched.headers["range"] == f"0-{len(data2) - 1}"
+        location = patched.headers["location"]
+        assert location.startswith(proxy.url)
+        done = http.put(_with_digest(location, digest2))
+        assert done.status_code == 201, done.text
+
+    for d, payload in ((digest, data), (digest2, data2)):
+        assert httpx.get(f"{registry.url}/v2/pt/upload/blobs/{d}").content == payload
+
+
+def test_cross_repository_mount(proxy: ProxyServer, big_blob: tuple[str, bytes]) -> None:
+    digest, data = big_blob
+    mounted = httpx.post(
+        f"{proxy.url}/v2/pt/mounted/blobs/uploads/",
+        params={"mount": digest, "from": "pt/blobs"},
+    )
+    assert mounted.status_code == 201, mounted.text
+    assert mounted.headers["location"] == f"{proxy.url}/v2/pt/mounted/blobs/{digest}"
+    assert httpx.get(mounted.headers["location"]).content == data
+
+
+def test_manifest_head_get_and_tags(proxy: ProxyServer, registry: RunningRegistry) -> None:
+    accept = {"Accept": "application/vnd.oci.image.manifest.v1+json"}
+    direct = httpx.get(f"{registry.url}/v2/pt/direct/manifests/1", headers=accept)
+    via = httpx.get(f"{proxy.url}/v2/pt/direct/manifests/1", headers=accept)
+    assert via.status_code == 200
+    assert via.content == direct.content
+    for key in ("content-type", "docker-content-digest", "etag", "content-length"):
+        assert via.headers[key] == direct.headers[key]
+    head = httpx.head(f"{proxy.url}/v2/pt/direct/manifests/1", headers=accept)
+    assert (
+        head.content == b"" and head.headers["content-length"] == direct.headers["content-length"]
+    )
+    tags = httpx.get(f"{proxy.url}/v2/pt/direct/tags/list")
+    assert tags.json() == {"name": "pt/direct", "tags": ["1"]}
+    catalog = httpx.get(f"{proxy.url}/v2/_catalog")
+    assert "pt/direct" in catalog.json()["repositories"]
+    unknown = httpx.get(f"{proxy.url}/v2/pt/nothing/tags/list")
+    assert unknown.status_code == 404
+    assert unknown.json()["errors"][0]["code"] == "NAME_UNKNOWN"
+
+
+# --- a scripted upstream ------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_proxy(fake_upstream: FakeUpstream) -> Iterator[tuple[FakeUpstream, ProxyServer]]:
+    with ProxyServer(fake_upstream.url, upstream_timeout=1.0) as running:
+        yield fake_upstream, running
+
+
+def test_headers_forwarded_both_ways(fake_proxy: tuple[FakeUpstream, ProxyServer]) -> None:
+    fake, proxy = fake_proxy
+    digest = "sha256:" + "c" * 64  # by digest, so X-Variant-Properties changes nothing
+    challenge = 'Bearer realm="https://auth.example/token",service="reg",scope="repository:a:pull"'
+    fake.routes[f"/v2/a/manifests/{digest}"] = Reply(
+        401,
+        b'{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}',
+        {"WWW-Authenticate": challenge, "Docker-Distribution-API-Version": "registry/2.0"},
+    )
+    answer = httpx.get(
+        f"{proxy.url}/v2/a/manifests/{digest}",
+        headers={
+            "Authorization": "Bearer abc.def",
+            "Accept": "application/vnd.oci.image.manifest.v1+json",
+            "X-Variant-Properties": "{}",  # the proxy's own header is not sent on
+            "TE": "trailers",
+            "Proxy-Authorization": "Basic Zm9vOmJhcg==",
+        },
+    )
+    assert answer.status_code == 401
+    assert answer.headers["www-authenticate"] == challenge
+    assert answer.headers["docker-distribution-api-version"] == "registry/2.0"
+    assert answer.json()["errors"][0]["code"] == "UNAUTHORIZED"
+    seen = [r for r in fake.requests if r.path == f"/v2/a/manifests/{digest}"]
+    assert seen, fake.requests
+    sent = seen[-1].headers
+    assert sent["authorization"] == "Bearer abc.def"
+    assert sent["accept"] == "application/vnd.oci.image.manifest.v1+json"
+    assert sent["host"] == f"127.0.0.1:{fake.port}"
+    for dropped in ("te", "proxy-authorization", "x-variant-properties"):
+        assert dropped not in sent
+
+
+def test_redirects_pass_through_and_locations_are_rewritten(
+    fake_proxy: tuple[FakeUpstream, ProxyServer],
+) -> None:
+    fake, proxy = fake_proxy
+    digest = "sha256:" + "b" * 64
+    fake.routes[f"/v2/a/blobs/{digest}"] = Reply(
+        307, b"", {"Location": "https://cdn.example/blob?sig=1"}
+    )
+    fake.routes[f"/v2/b/blobs/{digest}"] = Reply(
+        307, b"", {"Location": f"{fake.url}/v2/a/blobs/{digest}"}
+    )
+    fake.routes["/v2/a/tags/list"] = Reply(
+        200,
+        b'{"name":"a","tags":["1"]}',
+        {"Link": f'<{fake.url}/v2/a/tags/list?last=1&n=1>; rel="next"'},
+    )
+    elsewhere = httpx.get(f"{proxy.url}/v2/a/blobs/{digest}")
+    assert elsewhere.status_code == 307  # not followed by the proxy
+    assert elsewhere.headers["location"] == "https://cdn.example/blob?sig=1"  # left alone
+    upstream = httpx.get(f"{proxy.url}/v2/b/blobs/{digest}")
+    assert upstream.headers["location"] == f"{proxy.url}/v2/a/blobs/{digest}"
+    # the Host the caller used is the base, e.g. a name rather than the address
+    named = httpx.get(
+        f"{proxy.url}/v2/b/blobs/{digest}", headers={"Host": f"registry.test:{proxy.port}"}
+    )
+    assert named.headers["location"] == f"http://registry.test:{proxy.port}/v2/a/blobs/{digest}"
+    tags = httpx.get(f"{proxy.url}/v2/a/tags/list", params={"n": "1"})
+    assert tags.headers["link"] == f'<{proxy.url}/v2/a/tags/list?last=1&n=1>; rel="next"'
+    assert any(r.query == {"n": ["1"]} for r in fake.requests)
+
+
+def test_upstream_down_is_502() -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with ProxyServer(f"http://127.0.0.1:{port}") as proxy:
+        for path in ("/v2/", "/v2/a/manifests/1", "/v2/a/_variants/1.0"):
+            answer = httpx.get(f"{proxy.url}{path}")
+            assert answer.status_code == 502, path
+            error = answer.json()["errors"][0]
+            assert error["code"] == "UNAVAILABLE"
+            assert "\n" not in error["message"] and error["message"]
+
+
+def test_slow_upstream_is_504(fake_proxy: tuple[FakeUpstream, ProxyServer]) -> None:
+    fake, proxy = fake_proxy
+
+    def slow(_seen: Seen) -> Reply:
+        time.sleep(3)
+        return Reply(200, b"{}")
+
+    fake.routes["/v2/a/manifests/1"] = slow
+    started = time.monotonic()
+    answer = httpx.get(f"{proxy.url}/v2/a/manifests/1", timeout=10)
+    assert answer.status_code == 504
+    assert answer.json()["errors"][0]["code"] == "UNAVAILABLE"
+    assert "timed out" in answer.json()["errors"][0]["message"]
+    assert time.monotonic() - started < 2.5
+
+
+def test_upstream_dying_mid_body_is_not_a_silent_short_blob(
+    fake_proxy: tuple[FakeUpstream, ProxyServer],
+) -> None:
+    fake, proxy = fake_proxy
+    data = os.urandom(1 << 20)
+    digest = sha256_digest(data)
+    fake.routes[f"/v2/a/blobs/{digest}"] = Reply(200, data, truncate_to=100_000)
+    with pytest.raises(httpx.RemoteProtocolError):
+        httpx.get(f"{proxy.url}/v2/a/blobs/{digest}")
+    fake.routes["/v2/"] = Reply(200, b"{}")
+    assert httpx.get(f"{proxy.url}/v2/").status_code == 200  # the proxy carries on
+
+
+def test_caller_hanging_up_mid_blob(proxy: ProxyServer, big_blob: tuple[str, bytes]) -> None:
+    digest, data = big_blob
+    url = f"{proxy.url}/v2/pt/blobs/blobs/{digest}"
+    for _ in range(5):
+        with httpx.stream("GET", url) as answer:
+            next(answer.iter_raw(1024))  # read a little, then hang up
+    assert httpx.get(url).content == data
+    head = httpx.head(f"{proxy.url}/v2/pt/blobs/blobs/{digest}")
+    assert head.status_code == 200
