@@ -267,6 +267,15 @@ def test_manifest_put_and_delete_through_the_proxy_invalidate(
         f"{registry.host}/{repo}:2.0-cpu", _variant("cpu", x86_64__level="v1")
     )
     assert _labels_of(proxy, repo, "2.0") == {"cu128"}
+    # `Cache-Control: no-cache` (what `docker variant push` sends) forces a fresh scan
+    fresh = httpx.get(f"{proxy.url}/v2/{repo}/_variants/2.0", headers={"Cache-Control": "no-cache"})
+    assert set(fresh.json()["variants"]) == {"cu128", "cpu"}
+    assert _labels_of(proxy, repo, "2.0") == {"cu128", "cpu"}, "and the fresh scan is cached"
+    deleted = httpx.delete(f"{proxy.url}/v2/{repo}/manifests/{behind}")
+    assert deleted.status_code == 202
+    behind = image_builder.build_and_push(
+        f"{registry.host}/{repo}:2.0-cpu", _variant("cpu", x86_64__level="v1")
+    )
     # pushed through the proxy: seen at once
     image_builder.build_and_push(
         f"{proxy.host}/{repo}:2.0-cu126", _variant("cu126", nvidia__sm_arch="80_real")

@@ -151,12 +151,14 @@ class VariantService:
         what = f"variant index of {name}:{version}"
         authorization = request.headers.get("authorization")
         key = (name, version)
-        shared = self.cache.get(key)
+        # `Cache-Control: no-cache` (sent by `docker variant push`) asks for a fresh scan.
+        fresh = "no-cache" in request.headers.get("cache-control", "").lower()
+        shared = None if fresh else self.cache.get(key)
         if shared is not None:
             self.metrics.cache_hits.inc()
         else:
             self.metrics.cache_misses.inc()
-            flight = self._flights.get(key)
+            flight = None if fresh else self._flights.get(key)
             if flight is not None:
                 try:
                     shared = await asyncio.shield(flight)

@@ -1,0 +1,154 @@
+"""variant-proxy against the registry it fronts, in one run (SPEC section 6).
+
+Run: .venv/bin/python bench/bench_proxy.py
+- blob pull of 256 MiB with curl, direct vs through the proxy (throughput ratio)
+- manifest GET latency, direct vs proxy
+- `_variants` warm (cached), cold (`Cache-Control: no-cache`: a scan in the proxy) and the
+  client-side scan without a proxy, at 10, 50 and 200 variants
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from docker_variant import devstack
+from docker_variant.oci.client import RegistryClient
+from docker_variant.oci.scan import scan_index
+from imaging import OCI_MANIFEST, push_blob, push_manifest, raw_manifest
+
+BLOB_MIB = 256
+
+
+def median_ms(fn: Callable[[], object], repeat: int) -> float:
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e3
+
+
+def curl_seconds(url: str) -> float:
+    out = subprocess.run(
+        ["curl", "-s", "-o", "/dev/null", "-w", "%{time_total}", url],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return float(out.stdout)
+
+
+def push_variants(base: str, repo: str, count: int) -> None:
+    layer = os.urandom(1024)
+    push_blob(base, repo, layer)
+    for i in range(count):
+        labels = {
+            "dev.pep817.variant-label": f"v{i}",
+            "dev.pep817.variant.nvidia.cuda_version_lower_bound": f"12.{i % 10}",
+            "dev.pep817.variant.x86_64.level": f"v{1 + i % 4}",
+        }
+        config = json.dumps(
+            {"architecture": "amd64", "os": "linux", "config": {"Labels": labels}}
+        ).encode()
+        push_blob(base, repo, config)
+        push_manifest(base, repo, f"1.0.0-v{i}", raw_manifest(config, [layer]), OCI_MANIFEST)
+
+
+def client_scan_ms(base: str, repo: str) -> float:
+    async def scan() -> None:
+        async with RegistryClient(base) as client:
+            await scan_index(client, repo, "1.0.0")
+
+    return median_ms(lambda: asyncio.run(scan()), 5)
+
+
+def main() -> None:
+    root = Path(tempfile.mkdtemp(prefix="dv-bench-", dir="/tmp"))
+    services: list[devstack.Service] = []
+    try:
+        registry = devstack.start_registry(root / "registry")
+        services.append(registry)
+        proxy = devstack.start_proxy(registry.url, root / "proxy", cache_ttl=3600)
+        services.append(proxy)
+
+        blob = os.urandom(BLOB_MIB * 1024 * 1024)
+        digest = push_blob(registry.url, "bench/blob", blob)
+        push_blob(registry.url, "bench/blob", b"{}")
+        push_manifest(registry.url, "bench/blob", "1", raw_manifest(b"{}", [blob]), OCI_MANIFEST)
+        del blob
+        path = f"/v2/bench/blob/blobs/{digest}"
+        curl_seconds(registry.url + path), curl_seconds(proxy.url + path)  # warm the page cache
+        direct = statistics.median(curl_seconds(registry.url + path) for _ in range(5))
+        proxied = statistics.median(curl_seconds(proxy.url + path) for _ in range(5))
+        mb = BLOB_MIB * 1.048576
+        print(f"blob GET {BLOB_MIB} MiB (curl, median of 5)")
+        print(
+            f"  direct {mb / direct:8.0f} MB/s   proxy {mb / proxied:8.0f} MB/s   ratio proxy/direct {direct / proxied:.2f}"
+        )
+
+        accept = {"Accept": OCI_MANIFEST}
+        with httpx.Client() as http:
+            d = median_ms(
+                lambda: http.get(f"{registry.url}/v2/bench/blob/manifests/1", headers=accept), 200
+            )
+            p = median_ms(
+                lambda: http.get(f"{proxy.url}/v2/bench/blob/manifests/1", headers=accept), 200
+            )
+        print("manifest GET (keep-alive, median of 200)")
+        print(f"  direct {d:6.2f} ms   proxy {p:6.2f} ms   ratio proxy/direct {p / d:.2f}")
+
+        print(
+            "_variants at N variants (median): warm = cached, cold = proxy scan, client = scan without proxy"
+        )
+        print(f"  {'N':>4} {'warm ms':>9} {'cold ms':>9} {'client ms':>10} {'client/warm':>12}")
+        for count in (10, 50, 200):
+            repo = f"bench/app{count}"
+            push_variants(registry.url, repo, count)
+            url = f"{proxy.url}/v2/{repo}/_variants/1.0.0"
+            with httpx.Client() as http:
+                assert len(http.get(url).json()["variants"]) == count
+                warm = median_ms(lambda u=url: http.get(u), 200)  # type: ignore[misc]
+                cold = median_ms(
+                    lambda u=url: http.get(u, headers={"Cache-Control": "no-cache"}), 5
+                )  # type: ignore[misc]
+            client = client_scan_ms(registry.url, repo)
+            print(f"  {count:>4} {warm:9.2f} {cold:9.1f} {client:10.1f} {client / warm:12.1f}")
+        metrics = httpx.get(f"{proxy.url}/metrics").text
+        lines = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("variant_proxy_variants_seconds_")
+        ]
+        total = {
+            line.split("{")[0].split(" ")[0]: float(line.rsplit(" ", 1)[1])
+            for line in lines
+            if "bucket" not in line
+        }
+        if total.get("variant_proxy_variants_seconds_count"):
+            mean = (
+                total["variant_proxy_variants_seconds_sum"]
+                / total["variant_proxy_variants_seconds_count"]
+                * 1e3
+            )
+            print(f"  server-side mean over all _variants answers (from /metrics): {mean:.2f} ms")
+    finally:
+        for service in reversed(services):
+            service.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
