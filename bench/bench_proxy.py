@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -76,13 +74,9 @@ def client_scan_ms(base: str, repo: str) -> float:
 
 
 def main() -> None:
-    root = Path(tempfile.mkdtemp(prefix="dv-bench-", dir="/tmp"))
-    services: list[devstack.Service] = []
-    try:
-        registry = devstack.start_registry(root / "registry")
-        services.append(registry)
-        proxy = devstack.start_proxy(registry.url, root / "proxy", cache_ttl=3600)
-        services.append(proxy)
+    with devstack.local_stack("dv-bench-", engine=False, cache_ttl=3600) as stack:
+        registry, proxy = stack.registry, stack.proxy
+        assert proxy is not None
 
         blob = os.urandom(BLOB_MIB * 1024 * 1024)
         digest = push_blob(registry.url, "bench/blob", blob)
@@ -144,10 +138,6 @@ def main() -> None:
                 * 1e3
             )
             print(f"  server-side mean over all _variants answers (from /metrics): {mean:.2f} ms")
-    finally:
-        for service in reversed(services):
-            service.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 from docker_variant import devstack
 from docker_variant.providers.nvidia import nvidia_features
@@ -24,21 +20,8 @@ ROUNDS = 5
 
 
 def main() -> None:
-    root = Path(tempfile.mkdtemp(prefix="dv-bench-", dir="/tmp"))
-    services: list[devstack.Service] = []
-    try:
-        registry = devstack.start_registry(root / "registry")
-        services.append(registry)
-        engine = devstack.start_dockerd(root / "engine")
-        services.append(engine)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "NV_VARIANT"))}
-        env |= {
-            "DOCKER_HOST": engine.address,
-            "DOCKER_CONFIG": str(root / "cfg"),
-            "DOCKER_BUILDKIT": "0",
-            "XDG_CACHE_HOME": str(root / "cache"),
-            "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
-        }
+    with devstack.local_stack("dv-bench-", proxy=False) as stack:
+        registry, env, root = stack.registry, stack.client_env(), stack.root
 
         def sh(*args: str) -> str:
             return subprocess.run(
@@ -113,10 +96,6 @@ def main() -> None:
         print(f"  docker variant pull REF          {v * 1e3:8.0f} ms")
         print(f"  ratio variant / plain            {v / p:8.2f}")
         print(f"  selection alone (variant resolve) {r * 1e3:7.0f} ms")
-    finally:
-        for service in reversed(services):
-            service.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from docker_variant import devstack
 from fakeupstream import FakeUpstream
 from imaging import ImageBuilder
 
@@ -32,73 +30,15 @@ class RunningRegistry:
     host: str
     url: str
     root: Path
-    process: subprocess.Popen[bytes]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _registry_config(port: int, storage: Path, htpasswd: Path | None) -> str:
-    lines = [
-        "version: 0.1",
-        "log:",
-        "  level: error",
-        "  accesslog:",
-        "    disabled: true",
-        "http:",
-        f"  addr: 127.0.0.1:{port}",
-        "storage:",
-        "  filesystem:",
-        f"    rootdirectory: {storage}",
-        "  delete:",
-        "    enabled: true",
-    ]
-    if htpasswd is not None:
-        lines += ["auth:", "  htpasswd:", "    realm: test-registry", f"    path: {htpasswd}"]
-    return "\n".join(lines) + "\n"
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    service: devstack.Service
 
 
 def start_registry(root: Path, htpasswd: Path | None = None) -> RunningRegistry:
-    """Start ``docker-registry serve`` on a free port; returns once ``GET /v2/`` answers."""
-    binary = shutil.which("docker-registry")
-    if binary is None:
+    """``devstack.start_registry``, skipping (with the reason) where the binary is missing."""
+    if shutil.which("docker-registry") is None:
         pytest.skip("docker-registry (Debian package docker-registry) is not installed")
-    root.mkdir(parents=True, exist_ok=True)
-    for _attempt in range(3):  # the free port may be taken between probe and bind
-        port = _free_port()
-        config = root / f"config-{port}.yml"
-        config.write_text(_registry_config(port, root / "storage", htpasswd))
-        log = (root / f"registry-{port}.log").open("wb")
-        process = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=log)
-        log.close()
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                if httpx.get(f"{url}/v2/", timeout=1).status_code in (200, 401):
-                    return RunningRegistry(f"127.0.0.1:{port}", url, root, process)
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        _stop(process)
-        text = (root / f"registry-{port}.log").read_text(errors="replace")
-        if "address already in use" not in text:
-            raise RuntimeError(f"docker-registry did not start on port {port}: {text[-2000:]}")
-    raise RuntimeError("docker-registry: no free port after 3 attempts")
+    service = devstack.start_registry(root, htpasswd, realm="test-registry")
+    return RunningRegistry(service.address, service.url, service.root, service)
 
 
 @pytest.fixture(scope="session")
@@ -106,7 +46,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRegist
     """One open registry for the session; tests keep apart by repository name."""
     running = start_registry(tmp_path_factory.mktemp("registry"))
     yield running
-    _stop(running.process)
+    running.service.stop()
 
 
 @pytest.fixture(scope="session")
@@ -134,7 +74,7 @@ def htpasswd_registry(
 
     yield make
     for running in started:
-        _stop(running.process)
+        running.service.stop()
 
 
 @pytest.fixture(scope="session")

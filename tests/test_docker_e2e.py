@@ -110,35 +110,15 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack() -> Iterator[Stack]:
     for tool in ("docker", "dockerd", "docker-registry"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed (scripts/setup installs it)")
-    root = tmp_path_factory.mktemp("e2e", numbered=True)
-    services: list[devstack.Service] = []
-    try:
-        registry = devstack.start_registry(root / "registry")
-        services.append(registry)
-        proxy = devstack.start_proxy(registry.url, root / "proxy", cache_ttl=300)
-        services.append(proxy)
-        engine = devstack.start_dockerd(Path(f"/tmp/dv-e2e-{os.getpid()}"))
-        services.append(engine)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "NV_VARIANT"))}
-        venv_bin = str(Path(sys.executable).parent)  # where the console scripts are
-        env |= {
-            "DOCKER_HOST": engine.address,
-            "DOCKER_CONFIG": str(root / "docker-config"),
-            "DOCKER_BUILDKIT": "0",
-            "XDG_CACHE_HOME": str(root / "cache"),
-            "PATH": f"{venv_bin}:{env.get('PATH', '')}",
-        }
-        stack = Stack(env, registry, proxy, root)
+    with devstack.local_stack("dv-e2e-", cache_ttl=300) as local:
+        assert local.proxy is not None
+        stack = Stack(local.client_env(), local.registry, local.proxy, local.root)
         stack.run("docker-variant", "install-plugin", check=True)
         yield stack
-    finally:
-        for service in reversed(services):
-            service.stop()
-        shutil.rmtree(f"/tmp/dv-e2e-{os.getpid()}", ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

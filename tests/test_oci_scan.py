@@ -171,8 +171,7 @@ def test_scan_errors_propagate(
     image_builder.build_and_push(f"{private.host}/scan/app:1.0.0", {}, creds=("u", "p"))
     with pytest.raises(RegistryAuthError):
         _scan(private.url, "scan/app", "1.0.0")
-    private.process.terminate()
-    private.process.wait()
+    private.service.stop()
     with pytest.raises(UpstreamUnavailableError, match="unreachable"):
         _scan(private.url, "scan/app", "1.0.0")
 

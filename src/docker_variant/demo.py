@@ -7,11 +7,7 @@ Everything runs in a temp dir, listens on 127.0.0.1 and is stopped at the end.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 from docker_variant import devstack
@@ -70,41 +66,27 @@ class Demo:
 
 
 def main() -> None:
-    root = Path(tempfile.mkdtemp(prefix="dv-demo-", dir="/tmp"))  # short: socket paths are bounded
-    services: list[devstack.Service] = []
-    try:
-        print("== starting a registry, variant-proxy and a Docker engine on 127.0.0.1", flush=True)
-        registry = devstack.start_registry(root / "registry")
-        services.append(registry)
-        proxy = devstack.start_proxy(registry.url, root / "proxy")
-        services.append(proxy)
-        engine = devstack.start_dockerd(root / "engine")
-        services.append(engine)
-        print(f"   registry {registry.address}, proxy {proxy.address}, engine {engine.address}")
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "NV_VARIANT"))}
-        env |= {
-            "DOCKER_HOST": engine.address,
-            "DOCKER_CONFIG": str(root / "docker-config"),
-            "DOCKER_BUILDKIT": "0",
-            "DOCKER_CLI_HINTS": "false",
-            "XDG_CACHE_HOME": str(root / "cache"),
-            "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
-        }
-        demo = Demo(root, env)
+    print("== starting a registry, variant-proxy and a Docker engine on 127.0.0.1", flush=True)
+    with devstack.local_stack("dv-demo-") as stack:
+        assert stack.proxy is not None and stack.engine is not None
+        print(
+            f"   registry {stack.registry.address}, proxy {stack.proxy.address}, engine {stack.engine.address}"
+        )
+        demo = Demo(stack.root, stack.client_env())
         demo.run("docker-variant", "install-plugin")
 
         print("\n== publishing six images of one version through the proxy", flush=True)
         for label in [*VARIANTS, None]:
-            demo.build_and_push(proxy.address, label)
+            demo.build_and_push(stack.proxy.address, label)
 
-        ref = f"{proxy.address}/{APP}:{VERSION}"
+        ref = f"{stack.proxy.address}/{APP}:{VERSION}"
         print("\n== what this host sees", flush=True)
         demo.run("docker-variant", "providers")
         demo.run("docker", "variant", "ls", ref)
 
         choices = {"this host": demo.run("docker", "variant", "pull", ref).strip()}
         for name, host in SIMULATED_HOSTS.items():
-            path = root / f"host-{len(choices)}.json"
+            path = stack.root / f"host-{len(choices)}.json"
             path.write_text(json.dumps(host))
             print(f"\n== pulling as {name}", flush=True)
             choices[name] = demo.run(
@@ -116,17 +98,13 @@ def main() -> None:
             "images",
             "--format",
             "{{.Repository}}:{{.Tag}}  {{.ID}}",
-            f"{proxy.address}/{APP}",
+            f"{stack.proxy.address}/{APP}",
         )
 
         print("\n== choices", flush=True)
         for name, line in choices.items():
             print(f"  {name:58} {line}")
-    finally:
-        for service in reversed(services):
-            service.stop()
-        shutil.rmtree(root, ignore_errors=True)
-        print("\n== stopped everything the demo started; removed", root)
+    print("\n== stopped everything the demo started; removed", stack.root)
 
 
 if __name__ == "__main__":

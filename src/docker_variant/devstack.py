@@ -13,14 +13,24 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-__all__ = ["Service", "free_port", "start_dockerd", "start_proxy", "start_registry"]
+__all__ = [
+    "LocalStack",
+    "Service",
+    "StartError",
+    "free_port",
+    "local_stack",
+    "start_dockerd",
+    "start_proxy",
+    "start_registry",
+]
 
 
 class StartError(RuntimeError):
@@ -89,34 +99,42 @@ def _http_ready(url: str) -> Callable[[], bool]:
     return lambda: httpx.get(url, timeout=1).status_code in (200, 401)
 
 
-def start_registry(root: Path, htpasswd: Path | None = None, timeout: float = 15) -> Service:
+def start_registry(
+    root: Path, htpasswd: Path | None = None, realm: str = "docker-variant", timeout: float = 15
+) -> Service:
     """Debian's ``docker-registry`` (distribution 2.8) on a free loopback port."""
     binary = shutil.which("docker-registry")
     if binary is None:
         raise StartError("docker-registry is not installed (Debian package docker-registry)")
     root.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    lines = [
-        "version: 0.1",
-        "log:",
-        "  level: error",
-        "  accesslog:",
-        "    disabled: true",
-        "http:",
-        f"  addr: 127.0.0.1:{port}",
-        "storage:",
-        "  filesystem:",
-        f"    rootdirectory: {root / 'storage'}",
-        "  delete:",
-        "    enabled: true",
-    ]
-    if htpasswd is not None:
-        lines += ["auth:", "  htpasswd:", "    realm: docker-variant", f"    path: {htpasswd}"]
-    config = root / "registry.yml"
-    config.write_text("\n".join(lines) + "\n")
-    process, log = _spawn("registry", [binary, "serve", str(config)], root)
-    service = Service("docker-registry", process, f"127.0.0.1:{port}", root, log)
-    return _wait(service, _http_ready(f"{service.url}/v2/"), timeout)
+    for _attempt in range(3):  # the free port may be taken between probe and bind
+        port = free_port()
+        lines = [
+            "version: 0.1",
+            "log:",
+            "  level: error",
+            "  accesslog:",
+            "    disabled: true",
+            "http:",
+            f"  addr: 127.0.0.1:{port}",
+            "storage:",
+            "  filesystem:",
+            f"    rootdirectory: {root / 'storage'}",
+            "  delete:",
+            "    enabled: true",
+        ]
+        if htpasswd is not None:
+            lines += ["auth:", "  htpasswd:", f"    realm: {realm}", f"    path: {htpasswd}"]
+        config = root / "registry.yml"
+        config.write_text("\n".join(lines) + "\n")
+        process, log = _spawn("registry", [binary, "serve", str(config)], root)
+        service = Service("docker-registry", process, f"127.0.0.1:{port}", root, log)
+        try:
+            return _wait(service, _http_ready(f"{service.url}/v2/"), timeout)
+        except StartError:
+            if "address already in use" not in service.log_tail():
+                raise
+    raise StartError("docker-registry: no free port after 3 attempts")
 
 
 def start_proxy(upstream: str, root: Path, cache_ttl: float = 30, timeout: float = 15) -> Service:
@@ -167,3 +185,52 @@ def start_dockerd(root: Path, timeout: float = 60) -> Service:
             return client.get("/_ping").status_code == 200
 
     return _wait(service, ready, timeout)
+
+
+@dataclass
+class LocalStack:
+    """A registry, optionally a proxy in front of it and a private engine, under ``root``."""
+
+    root: Path
+    registry: Service
+    proxy: Service | None
+    engine: Service | None
+
+    def client_env(self) -> dict[str, str]:
+        """Environment for ``docker`` and ``docker-variant`` against this stack's engine, with
+        a private Docker config (credentials, CLI plugins) and provider cache."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "NV_VARIANT"))}
+        env |= {
+            "DOCKER_CONFIG": str(self.root / "docker-config"),
+            "DOCKER_BUILDKIT": "0",  # the classic builder works with the vfs engine here
+            "DOCKER_CLI_HINTS": "false",
+            "XDG_CACHE_HOME": str(self.root / "cache"),
+            "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
+        }
+        if self.engine is not None:
+            env["DOCKER_HOST"] = self.engine.address
+        return env
+
+
+@contextlib.contextmanager
+def local_stack(
+    prefix: str = "dv-", *, proxy: bool = True, engine: bool = True, cache_ttl: float = 30
+) -> Iterator[LocalStack]:
+    """Start what is asked for in a fresh dir under /tmp (socket paths are length-bounded);
+    stop everything and remove the dir on exit, whatever happened."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    started: list[Service] = []
+    try:
+        registry = start_registry(root / "registry")
+        started.append(registry)
+        front = start_proxy(registry.url, root / "proxy", cache_ttl) if proxy else None
+        if front is not None:
+            started.append(front)
+        dockerd = start_dockerd(root / "engine") if engine else None
+        if dockerd is not None:
+            started.append(dockerd)
+        yield LocalStack(root, registry, front, dockerd)
+    finally:
+        for service in reversed(started):
+            service.stop()
+        shutil.rmtree(root, ignore_errors=True)

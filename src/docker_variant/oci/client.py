@@ -358,11 +358,12 @@ async def _read(
     chunks: list[bytes] = []
     size = 0
     async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > limit:
-            if truncate:
+        if size + len(chunk) > limit:
+            if truncate:  # keep the head: a chunk may be larger than the whole limit
+                chunks.append(chunk[: limit - size])
                 break
             raise _bad(f"{what}: more than the {limit} bytes allowed", response)
+        size += len(chunk)
         chunks.append(chunk)
     return b"".join(chunks)
 

@@ -157,7 +157,8 @@ async def _request_body(request: Request) -> AsyncIterator[bytes]:
 
 # httpcore reads an HTTP/1.1 body 64 KiB at a time; each read costs the same Python overhead
 # whatever its size, so blob throughput through the proxy is bounded by the read count.
-# Reading up to 1 MiB at a time cuts that count 16-fold (see bench/bench_proxy.py).
+# Reading up to 1 MiB at a time cuts that count 16-fold (see bench/bench_proxy.py). The
+# setting is process-wide, which is fine: variant-proxy runs as a process of its own.
 httpcore.AsyncHTTP11Connection.READ_NUM_BYTES = 1 << 20
 
 
