@@ -1,0 +1,99 @@
+"""Finding the engine as the Docker CLI does, and its errors, without a running engine."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from docker_variant.docker import Engine, EngineError, check_push_labels, engine_host
+from docker_variant.errors import InvalidInputError
+from docker_variant.oci.reference import parse_reference
+
+
+@pytest.fixture
+def docker_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    for name in ("DOCKER_HOST", "DOCKER_CONTEXT"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path
+
+
+def _context(root: Path, name: str, host: str) -> None:
+    meta = root / "contexts" / "meta" / hashlib.sha256(name.encode()).hexdigest()
+    meta.mkdir(parents=True)
+    (meta / "meta.json").write_text(
+        json.dumps({"Name": name, "Endpoints": {"docker": {"Host": host}}})
+    )
+
+
+def test_engine_host_follows_docker_host_then_context_then_default(
+    docker_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert engine_host() == "unix:///var/run/docker.sock"
+    _context(docker_dir, "remote", "unix:///run/remote.sock")
+    (docker_dir / "config.json").write_text(json.dumps({"currentContext": "remote"}))
+    assert engine_host() == "unix:///run/remote.sock"
+    _context(docker_dir, "other", "tcp://127.0.0.1:2375")
+    monkeypatch.setenv("DOCKER_CONTEXT", "other")
+    assert engine_host() == "tcp://127.0.0.1:2375"
+    monkeypatch.setenv("DOCKER_HOST", "unix:///explicit.sock")
+    assert engine_host() == "unix:///explicit.sock"
+
+
+def test_unknown_context_and_bad_host_are_bad_input(
+    docker_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DOCKER_CONTEXT", "missing")
+    with pytest.raises(InvalidInputError, match="'missing'"):
+        engine_host()
+    with pytest.raises(InvalidInputError, match="ssh://"):
+        Engine("ssh://somewhere")
+
+
+def test_engine_down_is_exit_3(tmp_path: Path) -> None:
+    with Engine(f"unix://{tmp_path}/none.sock") as engine, pytest.raises(EngineError) as caught:
+        engine.ping()
+    assert caught.value.exit_code == 3 and "not reachable" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("tag", "labels", "needle"),
+    [
+        (
+            "1.0.0-cu126",
+            {"dev.pep817.variant-label": "cu128", "dev.pep817.variant.nvidia.sm_arch": "90_real"},
+            "must be <version>-cu128",
+        ),
+        (
+            "cu128",
+            {"dev.pep817.variant-label": "cu128", "dev.pep817.variant.nvidia.sm_arch": "90_real"},
+            "must be <version>-cu128",
+        ),
+        (
+            "1.0.0-null",
+            {"dev.pep817.variant-label": "null", "dev.pep817.variant.nvidia.sm_arch": "90_real"},
+            "reserved",
+        ),
+        ("1.0.0-x", {"dev.pep817.variant-label": "x"}, "no properties"),
+    ],
+)
+def test_push_label_checks(tag: str, labels: dict[str, str], needle: str) -> None:
+    with pytest.raises(InvalidInputError, match=needle):
+        check_push_labels(parse_reference(f"127.0.0.1:5000/app:{tag}"), labels)
+
+
+def test_push_label_checks_accept_good_images() -> None:
+    ref = parse_reference("127.0.0.1:5000/app:2.12.0-ubuntu24.04-cu128")
+    labels = {"dev.pep817.variant-label": "cu128", "dev.pep817.variant.nvidia.sm_arch": "90_real"}
+    variant = check_push_labels(ref, labels)
+    assert variant is not None and variant.label == "cu128"
+    assert (
+        check_push_labels(parse_reference("127.0.0.1:5000/app:1.0.0"), {"maintainer": "me"}) is None
+    )
+    null = check_push_labels(
+        parse_reference("127.0.0.1:5000/app:1.0.0-null"), {"dev.pep817.variant-label": "null"}
+    )
+    assert null is not None and null.is_null
