@@ -255,6 +255,9 @@ def test_faults_exit_3_with_a_clear_message(stack: Stack, app_ref: str) -> None:
     )
     missing = stack.docker("variant", "pull", f"{stack.registry.address}/e2e/nosuchimage:1.0.0")
     assert missing.returncode == 3 and "nosuchimage" in missing.stderr
+    # the repository exists, the version does not: as `docker pull` of a missing tag
+    no_version = stack.docker("variant", "resolve", app_ref.replace(":1.0.0", ":9.9.9"))
+    assert no_version.returncode == 3 and "no image tagged 9.9.9" in no_version.stderr
 
 
 def test_interrupted_pull_leaves_no_tags(stack: Stack) -> None:

@@ -10,19 +10,13 @@ from __future__ import annotations
 class DockerVariantError(Exception):
     """Base of every error docker-variant raises on purpose."""
 
-    exit_code = 4  # an internal error; the documented codes 0-3 are below
+    exit_code = 4  # an internal error; 1 (no compatible variant) is decided by the CLI
 
 
 class InvalidInputError(DockerVariantError):
     """Bad input: an invalid label, property, reference, providers file or index document."""
 
     exit_code = 2
-
-
-class NoCompatibleVariantError(DockerVariantError):
-    """No variant, null variant or bare image of the version fits this host."""
-
-    exit_code = 1
 
 
 class UnreachableError(DockerVariantError):

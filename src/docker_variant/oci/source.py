@@ -8,7 +8,7 @@ from typing import Any
 
 from docker_variant.errors import InvalidInputError
 from docker_variant.oci.client import RegistryClient
-from docker_variant.oci.errors import RegistryError
+from docker_variant.oci.errors import NotFoundError, RegistryError
 from docker_variant.oci.reference import Reference, parse_reference
 from docker_variant.oci.scan import scan_index
 from docker_variant.variant.index import VariantIndex
@@ -34,7 +34,15 @@ def fetch_index(ref: str | Reference, **client_kwargs: Any) -> tuple[Reference, 
         async with RegistryClient.for_registry(reference.registry, **client_kwargs) as client:
             return await fetch_index_async(client, reference.repository, version)
 
-    return reference, asyncio.run(run())
+    index = asyncio.run(run())
+    if not index.variants and index.bare is None and not index.invalid:
+        # As `docker pull` of a missing tag: an error, not "nothing fits this host".
+        raise NotFoundError(
+            f"{reference}: no image tagged {version} or {version}-<label> in {reference.name}",
+            status=404,
+            code="MANIFEST_UNKNOWN",
+        )
+    return reference, index
 
 
 def refresh_proxy_index(ref: Reference, version: str, **client_kwargs: Any) -> bool:

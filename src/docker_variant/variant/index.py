@@ -51,10 +51,6 @@ class VariantIndex:
     bare: ImageRef | None = None
     invalid: list[InvalidImage] = field(default_factory=list)
 
-    def tag_of(self, label: str) -> str:
-        image = self.images.get(label)
-        return image.tag if image else label
-
     def to_json(self) -> dict[str, Any]:
         return {
             "$schema": SCHEMA_URL,

@@ -22,7 +22,6 @@ __all__ = [
     "PROPERTY_PREFIX",
     "ImageVariant",
     "labels_for",
-    "raw_label",
     "read_labels",
 ]
 
@@ -37,11 +36,6 @@ class ImageVariant:
 
     variant: Variant | None
     namespace_order: tuple[str, ...] = ()
-
-
-def raw_label(labels: Mapping[str, str] | None) -> str | None:
-    """The variant label as written, unvalidated; ``None`` when the image is bare."""
-    return None if labels is None else labels.get(LABEL_KEY)
 
 
 def _shown(text: str) -> str:

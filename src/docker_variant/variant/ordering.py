@@ -100,6 +100,3 @@ class HostMatcher:
         pairs.sort()
         pairs.append(_END)
         return (tuple(pairs), variant.label)
-
-    def is_compatible(self, variant: Variant) -> bool:
-        return not isinstance(self.evaluate(variant), Rejection)

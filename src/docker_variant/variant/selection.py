@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from docker_variant.errors import NoCompatibleVariantError
 from docker_variant.variant.index import ImageRef, VariantIndex
 from docker_variant.variant.model import NULL_LABEL, SupportedLists, Variant
 from docker_variant.variant.ordering import HostMatcher, RankKey, Rejection
@@ -44,14 +43,6 @@ class Selection:
     @property
     def best(self) -> Candidate | None:
         return self.ranked[0] if self.ranked else None
-
-    def require_best(self, what: str) -> Candidate:
-        if self.best is None:
-            reasons = "; ".join(f"{c.label or c.tag}: {c.reason}" for c in self.rejected)
-            raise NoCompatibleVariantError(
-                f"no variant of {what} fits this host ({reasons or 'the version has no images'})"
-            )
-        return self.best
 
     @property
     def candidates(self) -> list[Candidate]:
