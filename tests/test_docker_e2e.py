@@ -99,6 +99,16 @@ class Stack:
         self.forget(registry, repo)
         return f"{registry}/{repo}:1.0.0"
 
+    def proxy_requests(self) -> dict[str, float]:
+        """Requests the proxy answered, by route class (from its Prometheus /metrics)."""
+        counts: dict[str, float] = {}
+        text = self.run("curl", "-s", f"{self.proxy.url}/metrics", check=True).stdout
+        for line in text.splitlines():
+            if line.startswith("variant_proxy_requests_total{"):
+                route = line.split('route="', 1)[1].split('"', 1)[0]
+                counts[route] = counts.get(route, 0) + float(line.rsplit(" ", 1)[1])
+        return counts
+
     def forget(self, registry: str, repo: str) -> None:
         """Remove every local tag of the repository so that pulls really download."""
         listing = self.docker(
@@ -184,6 +194,13 @@ def test_pull_through_the_proxy_uses_variants_api(stack: Stack) -> None:
         ).stdout
     )
     assert [v["label"] for v in listing["variants"] if v["compatible"]] == ["v3", "null", None]
+    # resolving through the proxy is one `_variants` request: no tag listing, no manifests
+    before = stack.proxy_requests()
+    stack.docker("variant", "resolve", "--providers-file", stack.host_file("h200"), ref, check=True)
+    after = stack.proxy_requests()
+    assert after.get("variants", 0) - before.get("variants", 0) == 1
+    assert after.get("tags", 0) == before.get("tags", 0)
+    assert after.get("manifest", 0) == before.get("manifest", 0)
 
 
 def test_bare_image_only_when_no_variant_fits(stack: Stack) -> None:
