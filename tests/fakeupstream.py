@@ -18,6 +18,7 @@ class Reply:
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
     truncate_to: int | None = None  # announce len(body), send this many bytes, hang up
+    chunked: bool = False  # send the body with Transfer-Encoding: chunked, in pieces
 
 
 @dataclass
@@ -64,11 +65,20 @@ class FakeUpstream:
                 self.send_response(reply.status)
                 for key, value in reply.headers.items():
                     self.send_header(key, value)
-                self.send_header("Content-Length", str(len(reply.body)))
+                if reply.chunked:
+                    self.send_header("Transfer-Encoding", "chunked")
+                else:
+                    self.send_header("Content-Length", str(len(reply.body)))
                 if reply.truncate_to is not None:
                     self.send_header("Connection", "close")
                 self.end_headers()
-                if self.command != "HEAD":
+                if self.command != "HEAD" and reply.chunked:
+                    step = max(1, len(reply.body) // 3)
+                    for start in range(0, len(reply.body), step):
+                        piece = reply.body[start : start + step]
+                        self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                    self.wfile.write(b"0\r\n\r\n")
+                elif self.command != "HEAD":
                     sent = (
                         reply.body if reply.truncate_to is None else reply.body[: reply.truncate_to]
                     )

@@ -253,7 +253,8 @@ def test_upstream_down_is_502() -> None:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     with ProxyServer(f"http://127.0.0.1:{port}") as proxy:
-        for path in ("/v2/", "/v2/a/manifests/1", "/v2/a/_variants/1.0"):
+        blob = "/v2/a/blobs/sha256:" + "d" * 64  # the raw blob relay, not httpx
+        for path in ("/v2/", "/v2/a/manifests/1", "/v2/a/_variants/1.0", blob):
             answer = httpx.get(f"{proxy.url}{path}")
             assert answer.status_code == 502, path
             error = answer.json()["errors"][0]
@@ -261,16 +262,17 @@ def test_upstream_down_is_502() -> None:
             assert "\n" not in error["message"] and error["message"]
 
 
-def test_slow_upstream_is_504(fake_proxy: tuple[FakeUpstream, ProxyServer]) -> None:
+@pytest.mark.parametrize("path", ["/v2/a/manifests/1", "/v2/a/blobs/sha256:" + "e" * 64])
+def test_slow_upstream_is_504(fake_proxy: tuple[FakeUpstream, ProxyServer], path: str) -> None:
     fake, proxy = fake_proxy
 
     def slow(_seen: Seen) -> Reply:
         time.sleep(3)
         return Reply(200, b"{}")
 
-    fake.routes["/v2/a/manifests/1"] = slow
+    fake.routes[path] = slow
     started = time.monotonic()
-    answer = httpx.get(f"{proxy.url}/v2/a/manifests/1", timeout=10)
+    answer = httpx.get(f"{proxy.url}{path}", timeout=10)
     assert answer.status_code == 504
     assert answer.json()["errors"][0]["code"] == "UNAVAILABLE"
     assert "timed out" in answer.json()["errors"][0]["message"]
@@ -299,3 +301,36 @@ def test_caller_hanging_up_mid_blob(proxy: ProxyServer, big_blob: tuple[str, byt
     assert httpx.get(url).content == data
     head = httpx.head(f"{proxy.url}/v2/pt/blobs/blobs/{digest}")
     assert head.status_code == 200
+
+
+def test_blob_relay_forwards_headers_and_refusals(
+    fake_proxy: tuple[FakeUpstream, ProxyServer],
+) -> None:
+    fake, proxy = fake_proxy
+    digest = "sha256:" + "f" * 64
+    challenge = 'Basic realm="test-registry"'
+    fake.routes[f"/v2/a/blobs/{digest}"] = Reply(
+        401, b'{"errors":[{"code":"UNAUTHORIZED"}]}', {"WWW-Authenticate": challenge}
+    )
+    answer = httpx.get(
+        f"{proxy.url}/v2/a/blobs/{digest}",
+        params={"ns": "docker.io"},
+        headers={"Authorization": "Basic dTpw", "TE": "trailers", "X-Variant-Properties": "{}"},
+    )
+    assert answer.status_code == 401 and answer.headers["www-authenticate"] == challenge
+    assert answer.json()["errors"][0]["code"] == "UNAUTHORIZED"
+    sent = [r for r in fake.requests if r.path == f"/v2/a/blobs/{digest}"][-1]
+    assert sent.headers["authorization"] == "Basic dTpw"
+    assert sent.headers["host"] == f"127.0.0.1:{fake.port}"
+    assert sent.query == {"ns": ["docker.io"]}
+    for dropped in ("te", "x-variant-properties"):
+        assert dropped not in sent.headers
+
+
+def test_blob_relay_decodes_chunked_answers(fake_proxy: tuple[FakeUpstream, ProxyServer]) -> None:
+    fake, proxy = fake_proxy
+    data = os.urandom(300_000)
+    digest = sha256_digest(data)
+    fake.routes[f"/v2/a/blobs/{digest}"] = Reply(200, data, chunked=True)
+    answer = httpx.get(f"{proxy.url}/v2/a/blobs/{digest}")
+    assert answer.status_code == 200 and answer.content == data

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 from starlette.applications import Starlette
@@ -14,6 +15,7 @@ from starlette.routing import Route as StarletteRoute
 
 from docker_variant.errors import InvalidInputError
 from docker_variant.oci.errors import one_line
+from docker_variant.proxy.blobrelay import BlobRelay
 from docker_variant.proxy.metrics import CONTENT_TYPE_LATEST, AccessLog, ProxyMetrics
 from docker_variant.proxy.names import PathError, Route, RouteKind, parse_v2_path
 from docker_variant.proxy.passthrough import Upstream
@@ -73,10 +75,11 @@ def create_app(
         raise InvalidInputError(f"upstream timeout must be > 0 seconds, got {upstream_timeout}")
     metrics = ProxyMetrics()
     cache = IndexCache(cache_ttl)
-    state: dict[str, VariantService] = {}
+    state: dict[str, Any] = {}
 
     def service() -> VariantService:
-        return state["service"]
+        service: VariantService = state["service"]
+        return service
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -87,6 +90,7 @@ def create_app(
             max_connections=max_connections,
         )
         state["service"] = VariantService(upstream, cache, metrics)
+        state["relay"] = BlobRelay(upstream, connect_timeout)
         try:
             yield
         finally:
@@ -99,6 +103,9 @@ def create_app(
             route = parse_v2_path(raw_path)
         except PathError as exc:
             return oci_error(400, exc.code, exc.message, exc.detail)
+        if route.kind is RouteKind.BLOB and request.method == "GET":
+            relay: BlobRelay = state["relay"]
+            return await relay.forward(request, route)  # the bulk data path
         return await _handle(service(), request, route)
 
     async def healthz(request: Request) -> Response:

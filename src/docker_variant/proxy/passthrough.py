@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 
 import anyio
@@ -27,7 +27,13 @@ from docker_variant.oci.errors import one_line
 from docker_variant.proxy.names import Route, RouteKind
 from docker_variant.proxy.responses import oci_error
 
-__all__ = ["BorrowedTransport", "Upstream", "UpstreamResponse", "proxy_base_url"]
+__all__ = [
+    "BorrowedTransport",
+    "Upstream",
+    "UpstreamResponse",
+    "cancel_on_disconnect",
+    "proxy_base_url",
+]
 
 log = logging.getLogger("docker_variant.proxy")
 
@@ -121,7 +127,7 @@ class UpstreamResponse(Response):
                 return
             async with anyio.create_task_group() as group:
                 # A caller that hangs up mid-blob stops the upstream read at once.
-                group.start_soon(_cancel_on_disconnect, receive, group.cancel_scope)
+                group.start_soon(cancel_on_disconnect, receive, group.cancel_scope)
                 if await self._stream(send):
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                 group.cancel_scope.cancel()
@@ -143,7 +149,7 @@ class UpstreamResponse(Response):
         return True
 
 
-async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+async def cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
     scope.cancel()
@@ -175,7 +181,7 @@ class Upstream:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
-        self._prefix = httpx.URL(self.base_url).path.rstrip("/")
+        self.prefix = httpx.URL(self.base_url).path.rstrip("/")
         self.transport = httpx.AsyncHTTPTransport(
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
@@ -205,9 +211,12 @@ class Upstream:
         return [(k, v) for k, v in raw if k.decode("latin-1").lower() not in drop]
 
     def response_headers(
-        self, response: httpx.Response, proxy_base: str, extra: Mapping[str, str] | None = None
+        self,
+        raw: Sequence[tuple[bytes, bytes]],
+        proxy_base: str,
+        extra: Mapping[str, str] | None = None,
     ) -> list[tuple[bytes, bytes]]:
-        raw = response.headers.raw
+        """An upstream answer's headers as the caller gets them (``raw`` as received)."""
         drop = _HOP_BY_HOP | _connection_tokens(raw)
         out: list[tuple[bytes, bytes]] = []
         for key, value in raw:
@@ -234,8 +243,8 @@ class Upstream:
             start = hit + len(upstream_v2)
         out.append(value[start:])
         rewritten = "".join(out)
-        if self._prefix:
-            rewritten = rewritten.replace(f"{self._prefix}/v2/", "/v2/")
+        if self.prefix:
+            rewritten = rewritten.replace(f"{self.prefix}/v2/", "/v2/")
         return rewritten
 
     async def forward(
@@ -277,7 +286,9 @@ class Upstream:
                 "UNAVAILABLE",
                 f"{what}: the upstream registry failed: {type(exc).__name__}: {exc}",
             )
-        headers_out = self.response_headers(response, proxy_base_url(request.scope), extra_headers)
+        headers_out = self.response_headers(
+            response.headers.raw, proxy_base_url(request.scope), extra_headers
+        )
         return UpstreamResponse(response, headers_out, body=method != "HEAD")
 
     async def check_pull(
@@ -311,7 +322,7 @@ class Upstream:
             return response.status_code, None
         kept = [
             (k, v)
-            for k, v in self.response_headers(response, proxy_base)
+            for k, v in self.response_headers(response.headers.raw, proxy_base)
             if k != b"content-length"  # the body may have been cut
         ]
         answer = Response(body, status_code=response.status_code)
