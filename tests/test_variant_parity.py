@@ -124,3 +124,58 @@ def test_order_of_compatible_variants_equals_variantlib(
     assert ours == [
         label for label in variantlib_order(found, host, list(order)) if label != NULL_LABEL
     ]
+
+
+def pep825_order(found: list[Variant], host: SupportedLists, order: list[str]) -> list[str]:
+    """PEP 825 "Variant ordering", steps 1 to 7, written from the PEP's text: an oracle
+    independent of both our matcher and variantlib."""
+    feature_order = {ns: list(host.get(ns, {})) for ns in order}
+    value_order = {ns: dict(host.get(ns, {})) for ns in order}
+
+    def compatible(v: Variant) -> bool:
+        return all(
+            any(val in host.get(ns, {}).get(f, []) for val in vals)
+            for ns, feats in v.properties.items()
+            for f, vals in feats.items()
+        )
+
+    def sorted_best(v: Variant) -> list[tuple[int, int, int]]:
+        keys = []
+        for ns, feats in v.properties.items():
+            for f, vals in feats.items():
+                best = next(x for x in value_order[ns][f] if x in vals)  # step 4
+                keys.append(
+                    (order.index(ns), feature_order[ns].index(f), value_order[ns][f].index(best))
+                )  # step 5
+        return sorted(keys)  # step 6
+
+    def before(a: Variant, b: Variant) -> bool:  # step 7
+        ka, kb = sorted_best(a), sorted_best(b)
+        for x, y in zip(ka, kb, strict=False):
+            if x != y:
+                return x < y
+        if len(ka) != len(kb):
+            return len(ka) > len(kb)
+        return a.label < b.label
+
+    ranked: list[Variant] = []
+    for v in (v for v in found if compatible(v)):  # insertion sort with the PEP's comparison
+        at = next((i for i, w in enumerate(ranked) if before(v, w)), len(ranked))
+        ranked.insert(at, v)
+    return [v.label for v in ranked]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    case=host_and_fitting_variants(),
+    extra=st.lists(variants(), max_size=6),
+    order=st.permutations(NAMESPACES),
+)
+def test_order_equals_pep825_reference_algorithm(
+    case: tuple[SupportedLists, list[Variant]], extra: list[Variant], order: list[str]
+) -> None:
+    host, fitting = case
+    found = {v.label: v for v in [*extra, *fitting]}  # fitting ones win label clashes
+    index = VariantIndex(list(order), found)
+    ours = [c.label for c in select(index, host).ranked]
+    assert ours == pep825_order(list(found.values()), host, list(order))

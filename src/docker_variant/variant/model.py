@@ -210,8 +210,9 @@ class Variant:
         return list(self.properties)
 
     def to_json(self) -> dict[str, dict[str, list[str]]]:
+        """PEP 825 ``variants`` entry: a feature's values are a set, written sorted lexically."""
         return {
-            ns: {f: list(vs) for f, vs in feats.items()} for ns, feats in self.properties.items()
+            ns: {f: sorted(vs) for f, vs in feats.items()} for ns, feats in self.properties.items()
         }
 
     def iter_properties(self) -> Iterable[Property]:
