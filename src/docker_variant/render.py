@@ -66,9 +66,15 @@ def host_table(host: SupportedLists, limit: int = 8) -> Table:
     for namespace, features in host.items():
         if not features:
             table.add_row(namespace, "[dim](nothing on this host)[/]", "")
+        # on/off CPU flags are many: one row for all of them keeps the table readable
+        flags = [f for f, values in features.items() if values == ["on"]]
         for feature, values in features.items():
+            if feature in flags:
+                continue
             shown = ", ".join(values[:limit])
             if len(values) > limit:
                 shown += f", ... ({len(values)} values)"
             table.add_row(namespace, feature, shown)
+        if flags:
+            table.add_row(namespace, f"{len(flags)} flags, each 'on'", ", ".join(flags))
     return table
