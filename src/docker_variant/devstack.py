@@ -27,6 +27,7 @@ __all__ = [
     "StartError",
     "free_port",
     "local_stack",
+    "start_containerd",
     "start_dockerd",
     "start_proxy",
     "start_registry",
@@ -185,6 +186,23 @@ def start_dockerd(root: Path, timeout: float = 60) -> Service:
             return client.get("/_ping").status_code == 200
 
     return _wait(service, ready, timeout)
+
+
+def start_containerd(root: Path, timeout: float = 30) -> Service:
+    """A private containerd (its own root, state and socket under ``root``), as a kubelet's."""
+    binary = shutil.which("containerd")
+    if binary is None:
+        raise StartError("containerd is not installed (Debian package containerd)")
+    root.mkdir(parents=True, exist_ok=True)
+    sock = root / "containerd.sock"
+    config = root / "config.toml"
+    config.write_text(
+        f'version = 2\nroot = "{root / "root"}"\nstate = "{root / "state"}"\n'
+        f'[grpc]\n  address = "{sock}"\n'
+    )
+    process, log = _spawn("containerd", [binary, "--config", str(config)], root)
+    service = Service("containerd", process, f"unix://{sock}", root, log)
+    return _wait(service, sock.exists, timeout)
 
 
 @dataclass

@@ -1,0 +1,131 @@
+"""Transparent resolution with an unmodified client: containerd (as a kubelet runs it) pulls
+`app:1.0.0` through variant-proxy with a hosts.toml that sends this node's
+`X-Variant-Properties`, and gets the best variant (SPEC section 6; REFERENCE: containerd sends
+the header on its first request, a HEAD, then fetches by digest)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import RunningRegistry
+from docker_variant import devstack
+from docker_variant.providers.nvidia import nvidia_features
+from imaging import ImageBuilder
+
+pytestmark = pytest.mark.e2e
+REPO = "ctrd/app"
+H200 = {"nvidia": nvidia_features((12, 8), (9, 0)), "x86_64": {"level": ["v4", "v3", "v2", "v1"]}}
+OLD_CPU = {"x86_64": {"level": ["v2", "v1"]}}
+
+
+def variant(label: str, **props: str) -> dict[str, str]:
+    labels = {"dev.pep817.variant-label": label}
+    for key, value in props.items():
+        namespace, feature = key.split("__")
+        labels[f"dev.pep817.variant.{namespace}.{feature}"] = value
+    return labels
+
+
+@pytest.fixture(scope="module")
+def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devstack.Service]:
+    for tool in ("containerd", "ctr"):
+        if shutil.which(tool) is None:
+            pytest.skip(
+                f"{tool} is not installed (scripts/setup installs docker.io, which brings it)"
+            )
+    service = devstack.start_containerd(Path(f"/tmp/dv-ctrd-{tmp_path_factory.getbasetemp().name}"))
+    yield service
+    service.stop()
+    shutil.rmtree(service.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def proxy(
+    registry: RunningRegistry, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[devstack.Service]:
+    service = devstack.start_proxy(registry.url, tmp_path_factory.mktemp("ctrd-proxy"))
+    yield service
+    service.stop()
+
+
+@pytest.fixture(scope="module")
+def digests(registry: RunningRegistry, image_builder: ImageBuilder) -> dict[str, str]:
+    pushed = {
+        "cu128": variant(
+            "cu128", nvidia__cuda_version_lower_bound="12.8", nvidia__sm_arch="90_real"
+        ),
+        "v3": variant("v3", x86_64__level="v3"),
+        "null": variant("null"),
+    }
+    found = {
+        label: image_builder.build_and_push(f"{registry.host}/{REPO}:1.0.0-{label}", labels)
+        for label, labels in pushed.items()
+    }
+    found["bare"] = image_builder.build_and_push(f"{registry.host}/{REPO}:1.0.0", {})
+    return found
+
+
+def ctr_pull(
+    containerd: devstack.Service, proxy: devstack.Service, host: dict[str, object], tmp: Path
+) -> str:
+    """`ctr images pull` through the proxy with a hosts.toml carrying the node's lists;
+    returns the digest containerd recorded for `app:1.0.0`."""
+    hosts = tmp / "hosts" / proxy.address
+    hosts.mkdir(parents=True)
+    properties = json.dumps(host, separators=(",", ":"))
+    (hosts / "hosts.toml").write_text(
+        f'server = "http://{proxy.address}"\n'
+        f'[host."http://{proxy.address}"]\n'
+        '  capabilities = ["pull", "resolve"]\n'
+        f'  [host."http://{proxy.address}".header]\n'
+        f"    X-Variant-Properties = '{properties}'\n"
+    )
+    sock = containerd.address.removeprefix("unix://")
+    ref = f"{proxy.address}/{REPO}:1.0.0"
+    subprocess.run(
+        [
+            "ctr",
+            "-a",
+            sock,
+            "images",
+            "pull",
+            "--hosts-dir",
+            str(tmp / "hosts"),
+            "--snapshotter",
+            "native",
+            ref,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    listing = subprocess.run(
+        ["ctr", "-a", sock, "images", "ls"], check=True, capture_output=True, text=True
+    ).stdout
+    subprocess.run(["ctr", "-a", sock, "images", "rm", ref], check=True, capture_output=True)
+    line = next(line for line in listing.splitlines() if line.startswith(ref + " "))
+    return next(word for word in line.split() if word.startswith("sha256:"))
+
+
+def test_containerd_pulls_the_best_variant_through_the_proxy(
+    containerd: devstack.Service, proxy: devstack.Service, digests: dict[str, str], tmp_path: Path
+) -> None:
+    assert ctr_pull(containerd, proxy, H200, tmp_path / "h200") == digests["cu128"]
+    assert ctr_pull(containerd, proxy, OLD_CPU, tmp_path / "old") == digests["null"]
+    # the proxy chose on the HEAD and labelled it
+    head = httpx.head(
+        f"{proxy.url}/v2/{REPO}/manifests/1.0.0",
+        headers={
+            "X-Variant-Properties": json.dumps(H200),
+            "Accept": "application/vnd.oci.image.manifest.v1+json",
+        },
+    )
+    assert head.headers["x-variant-label"] == "cu128"
+    assert head.headers["docker-content-digest"] == digests["cu128"]
