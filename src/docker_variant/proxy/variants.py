@@ -1,9 +1,9 @@
 """The ``_variants`` extension: index cache, the endpoint and transparent resolution.
 
-Who may see an index is always the upstream's decision: every request, cached or not,
-first asks the upstream for a one-tag listing of the repository with the caller's own
-``Authorization``; only a 2xx lets cached (or freshly scanned) data out. The scan itself
-also runs with the caller's credentials.
+Who may see an index is always the upstream's decision. A scan runs with the caller's own
+``Authorization``; an index the caller did not scan itself (cached, or another caller's scan)
+is handed out only after the upstream answers 2xx to a GET of one of the version's manifests
+with that caller's ``Authorization`` (a one-tag listing when the index names no tag).
 
 Concurrent misses of one (name, version) share one scan. A scan that started before a
 manifest PUT/DELETE invalidated the repository is never stored, so an invalidation can
