@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,18 +77,33 @@ def digests(registry: RunningRegistry, image_builder: ImageBuilder) -> dict[str,
 def ctr_pull(
     containerd: devstack.Service, proxy: devstack.Service, host: dict[str, object], tmp: Path
 ) -> str:
-    """`ctr images pull` through the proxy with a hosts.toml carrying the node's lists;
-    returns the digest containerd recorded for `app:1.0.0`."""
-    hosts = tmp / "hosts" / proxy.address
-    hosts.mkdir(parents=True)
-    properties = json.dumps(host, separators=(",", ":"))
-    (hosts / "hosts.toml").write_text(
-        f'server = "http://{proxy.address}"\n'
-        f'[host."http://{proxy.address}"]\n'
-        '  capabilities = ["pull", "resolve"]\n'
-        f'  [host."http://{proxy.address}".header]\n'
-        f"    X-Variant-Properties = '{properties}'\n"
+    """`ctr images pull` through the proxy with the hosts.toml `docker-variant k8s
+    containerd-hosts` writes for a node with these lists; returns the digest containerd
+    recorded for `app:1.0.0`."""
+    tmp.mkdir(parents=True)
+    providers = tmp / "host.json"
+    providers.write_text(json.dumps(host))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "docker_variant",
+            "k8s",
+            "containerd-hosts",
+            proxy.address,
+            "--providers-file",
+            str(providers),
+            "--output",
+            str(tmp / "hosts"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
     )
+    written = tomllib.loads((tmp / "hosts" / proxy.address / "hosts.toml").read_text())
+    assert written["server"] == f"http://{proxy.address}"  # loopback: plain HTTP
+    header = written["host"][written["server"]]["header"]["X-Variant-Properties"]
+    assert json.loads(header) == host
     sock = containerd.address.removeprefix("unix://")
     ref = f"{proxy.address}/{REPO}:1.0.0"
     subprocess.run(

@@ -1,0 +1,333 @@
+"""A DRA ``ResourceClaimTemplate`` that asks for devices fitting an image's variants (SPEC 9).
+
+One request whose ``firstAvailable`` subrequests are the variants in the order they rank on a
+*virtual host* that supports all of them: built from the index's own properties, each
+feature's values newest first (``cel.newest_first``), and ranked by ``select`` like any host,
+so the ordering is decided in one place (``variant.ordering``). The scheduler takes the first
+subrequest that devices on a node can satisfy.
+
+What becomes of a variant:
+
+- its ``nvidia`` properties become CEL selectors on the NVIDIA DRA driver's attributes
+  (``cel.feature_selector``);
+- ``x86_64`` and ``aarch64`` properties describe the node's CPU, not a device: they are left
+  out of the selectors (``k8s node-labels`` publishes them for node affinity);
+- a variant with no ``nvidia`` property asks nothing of the device: it, the ``null`` variant
+  and the bare image share one last subrequest without selectors (any device of the class).
+  Placed earlier, a selector-free subrequest would make every later one unreachable;
+- a variant whose device selectors equal an earlier subrequest's is folded into it (it could
+  never be chosen: the earlier one is tried first and needs exactly the same devices);
+- a variant with properties of another namespace (an NPU plugin's) is left out, with a
+  warning: those are neither NVIDIA device attributes nor CPU properties.
+
+DRA allows at most 8 subrequests: the lowest-ranked device subrequests are dropped (with a
+warning) so that the selector-free one, when there is one, stays last.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from docker_variant.errors import InvalidInputError
+from docker_variant.k8s.cel import (
+    MAX_EXPRESSION_BYTES,
+    MAX_SELECTORS,
+    MAX_VALUES_PER_FEATURE,
+    NVIDIA_DOMAIN,
+    NVIDIA_FEATURES,
+    feature_selector,
+    newest_first,
+)
+from docker_variant.variant import NULL_LABEL, SupportedLists, Variant, VariantIndex, select
+from docker_variant.variant.model import ACCELERATOR_FIRST_CPU_NAMESPACES
+
+__all__ = [
+    "ANNOTATION_PREFIX",
+    "DEFAULT_DEVICE_CLASS",
+    "MAX_COUNT",
+    "MAX_SUBREQUESTS",
+    "REQUEST_NAME",
+    "ClaimPlan",
+    "Subrequest",
+    "check_dns_subdomain",
+    "claim_template",
+    "dns_label",
+    "dns_subdomain",
+    "plan_claim",
+    "virtual_host",
+]
+
+API_VERSION = "resource.k8s.io/v1"
+DEFAULT_DEVICE_CLASS = NVIDIA_DOMAIN
+REQUEST_NAME = "gpu"
+MAX_SUBREQUESTS = 8  # resource.k8s.io FirstAvailableDeviceRequestMaxSize
+MAX_COUNT = 32  # resource.k8s.io AllocationResultsMaxSize: devices per claim
+ANNOTATION_PREFIX = "variant.pep817.dev"
+HOMOGENEOUS_ATTRIBUTE = f"{NVIDIA_DOMAIN}/productName"
+
+# Features in the order their providers list them; the rest alphabetically.
+_FEATURE_ORDER: dict[str, tuple[str, ...]] = {
+    "nvidia": NVIDIA_FEATURES,
+    "x86_64": ("level",),
+    "aarch64": ("version",),
+}
+
+_DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_LABEL_MAX = 63
+_DNS_SUBDOMAIN_MAX = 253
+
+
+# --------------------------------------------------------------------------- names
+
+
+def dns_label(text: str, fallback: str) -> str:
+    """``text`` as an RFC 1123 label: lowercase, ``-`` for anything else, at most 63 characters."""
+    label = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    label = label[:_DNS_LABEL_MAX].rstrip("-")
+    return label or fallback
+
+
+def dns_subdomain(text: str, fallback: str) -> str:
+    """``text`` as an RFC 1123 subdomain (dot-separated labels, at most 253 characters)."""
+    labels = [dns_label(part, "") for part in text.lower().split(".")]
+    name = ".".join(label for label in labels if label)
+    while len(name) > _DNS_SUBDOMAIN_MAX:
+        name = name[:_DNS_SUBDOMAIN_MAX].rstrip("-.")
+    return name or fallback
+
+
+def check_dns_subdomain(name: str, what: str) -> str:
+    labels = name.split(".")
+    if len(name) > _DNS_SUBDOMAIN_MAX or not all(
+        _DNS_LABEL_RE.fullmatch(label) for label in labels
+    ):
+        raise InvalidInputError(
+            f"{what} {name!r} is not a DNS subdomain: lowercase letters, digits, '-' and '.', "
+            f"each dot-separated part starting and ending with a letter or digit, at most "
+            f"{_DNS_SUBDOMAIN_MAX} characters"
+        )
+    return name
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, number = name, 1
+    while candidate in taken:
+        number += 1
+        suffix = f"-{number}"
+        candidate = name[: _DNS_LABEL_MAX - len(suffix)].rstrip("-") + suffix
+    taken.add(candidate)
+    return candidate
+
+
+# --------------------------------------------------------------------------- virtual host
+
+
+def virtual_host(index: VariantIndex) -> SupportedLists:
+    """A host that supports every property of the index, each feature's values newest first."""
+    collected: dict[str, dict[str, list[str]]] = {}
+    for variant in index.variants.values():
+        for prop in variant.iter_properties():
+            values = collected.setdefault(prop.namespace, {}).setdefault(prop.feature, [])
+            if prop.value not in values:
+                values.append(prop.value)
+    host: SupportedLists = {}
+    for namespace in sorted(collected):
+        features = collected[namespace]
+        known = _FEATURE_ORDER.get(namespace, ())
+        order = [f for f in known if f in features] + sorted(f for f in features if f not in known)
+        host[namespace] = {f: newest_first(namespace, f, features[f]) for f in order}
+    return host
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class Subrequest:
+    """One ``firstAvailable`` entry."""
+
+    name: str
+    members: tuple[str | None, ...]  # the variant labels it stands for; None is the bare image
+    selectors: tuple[str, ...] = ()  # CEL expressions, all must hold; none: any device
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    subrequests: tuple[Subrequest, ...]
+    warnings: tuple[str, ...] = ()
+    #: labels with no subrequest, each with the reason (left out, cut, fits no device)
+    left_out: dict[str, str] = field(default_factory=dict)
+
+
+def _names(labels: Iterable[str | None]) -> str:
+    return ", ".join("the bare image" if label is None else label for label in labels)
+
+
+@dataclass
+class _Entry:
+    selectors: tuple[str, ...]
+    members: list[str | None]
+
+
+def _device_selectors(variant: Variant, warnings: list[str]) -> tuple[str, ...] | str:
+    """The variant's selectors, or why it cannot be asked of an NVIDIA device."""
+    others = [
+        ns
+        for ns in variant.namespaces
+        if ns != "nvidia" and ns not in ACCELERATOR_FIRST_CPU_NAMESPACES
+    ]
+    if others:
+        return (
+            f"{', '.join(others)} properties are neither {NVIDIA_DOMAIN} device attributes "
+            "nor CPU properties"
+        )
+    selectors: list[str] = []
+    for feature, values in variant.properties.get("nvidia", {}).items():
+        selector = feature_selector(feature, values)
+        if selector.left_out:
+            warnings.append(
+                f"variant {variant.label}: the selector keeps the {MAX_VALUES_PER_FEATURE} "
+                f"newest values of nvidia :: {feature}; left out {', '.join(selector.left_out)}"
+            )
+        if selector.expression is None:
+            return f"no NVIDIA device can have nvidia :: {feature} :: {','.join(values)}"
+        selectors.append(selector.expression)
+    return tuple(selectors)
+
+
+def plan_claim(index: VariantIndex, max_subrequests: int = MAX_SUBREQUESTS) -> ClaimPlan:
+    """The subrequests for ``index``, best first; see the module docstring for the rules."""
+    selection = select(index, virtual_host(index))
+    assert not any(c.kind != "invalid" for c in selection.rejected), "virtual host rejects"
+    warnings: list[str] = []
+    left_out: dict[str, str] = {}
+    device: list[_Entry] = []
+    by_selectors: dict[tuple[str, ...], _Entry] = {}
+    anywhere: list[str | None] = []  # run with any device: CPU-only variants, null, bare
+    for candidate in selection.ranked:
+        variant = candidate.variant
+        if candidate.kind == "bare" or variant is None or variant.is_null:
+            anywhere.append(candidate.label)
+            continue
+        outcome = _device_selectors(variant, warnings)
+        if isinstance(outcome, str):
+            left_out[variant.label] = outcome
+            continue
+        if not outcome:
+            anywhere.append(variant.label)
+        elif outcome in by_selectors:
+            by_selectors[outcome].members.append(variant.label)
+        else:
+            entry = _Entry(outcome, [variant.label])
+            by_selectors[outcome] = entry
+            device.append(entry)
+    if left_out:
+        warnings.append(
+            "left out " + "; ".join(f"{label} ({why})" for label, why in left_out.items())
+        )
+    room = max_subrequests - (1 if anywhere else 0)
+    if len(device) > room:
+        cut = device[room:]
+        device = device[:room]
+        dropped = [label for entry in cut for label in entry.members]
+        for label in dropped:
+            if label is not None:
+                left_out[label] = f"beyond the {max_subrequests} subrequests DRA allows"
+        fallback = (
+            " (the last, selector-free subrequest still takes any device)" if anywhere else ""
+        )
+        warnings.append(
+            f"DRA allows at most {max_subrequests} subrequests: left out the lowest-ranked "
+            f"{_names(dropped)}{fallback}"
+        )
+    taken: set[str] = set()
+    subrequests = [
+        Subrequest(
+            _unique(dns_label(str(e.members[0]), "variant"), taken), tuple(e.members), e.selectors
+        )
+        for e in device
+    ]
+    if anywhere:
+        subrequests.append(Subrequest(_unique(_fallback_name(anywhere), taken), tuple(anywhere)))
+    for sub in subrequests:
+        _check_limits(sub)
+    return ClaimPlan(tuple(subrequests), tuple(warnings), left_out)
+
+
+def _fallback_name(members: Sequence[str | None]) -> str:
+    """Named for the variant that runs on any host: ``null``, else the bare image, else the
+    best CPU-only variant (which still needs a matching node CPU)."""
+    if NULL_LABEL in members:
+        return NULL_LABEL
+    if None in members:
+        return "bare"
+    return dns_label(str(members[0]), "variant")
+
+
+def _check_limits(sub: Subrequest) -> None:
+    if len(sub.selectors) > MAX_SELECTORS:
+        raise InvalidInputError(
+            f"subrequest {sub.name}: {len(sub.selectors)} selectors; DRA allows {MAX_SELECTORS}"
+        )
+    for expression in sub.selectors:
+        size = len(expression.encode())
+        if size > MAX_EXPRESSION_BYTES:
+            raise InvalidInputError(
+                f"subrequest {sub.name}: a CEL expression of {size} bytes; DRA allows "
+                f"{MAX_EXPRESSION_BYTES}"
+            )
+
+
+# --------------------------------------------------------------------------- manifest
+
+
+def claim_template(
+    plan: ClaimPlan,
+    *,
+    name: str,
+    count: int,
+    device_class: str = DEFAULT_DEVICE_CLASS,
+    source: str | None = None,
+) -> dict[str, Any]:
+    """The ``resource.k8s.io/v1`` ``ResourceClaimTemplate`` for ``plan``."""
+    if not 1 <= count <= MAX_COUNT:
+        raise InvalidInputError(f"--count {count}: a claim takes 1 to {MAX_COUNT} devices")
+    check_dns_subdomain(name, "claim template name")
+    check_dns_subdomain(device_class, "device class")
+    if not plan.subrequests:
+        raise InvalidInputError("the claim has no subrequest")
+    first_available: list[dict[str, Any]] = []
+    for sub in plan.subrequests:
+        entry: dict[str, Any] = {
+            "name": sub.name,
+            "deviceClassName": device_class,
+            "count": count,
+        }
+        if sub.selectors:
+            entry["selectors"] = [{"cel": {"expression": e}} for e in sub.selectors]
+        first_available.append(entry)
+    devices: dict[str, Any] = {
+        "requests": [{"name": REQUEST_NAME, "firstAvailable": first_available}]
+    }
+    if count > 1:
+        # Every device of the claim the same product: one variant fits all of them.
+        devices["constraints"] = [
+            {"requests": [REQUEST_NAME], "matchAttribute": HOMOGENEOUS_ATTRIBUTE}
+        ]
+    annotations = {
+        f"{ANNOTATION_PREFIX}/subrequests": json.dumps(
+            {sub.name: list(sub.members) for sub in plan.subrequests}, separators=(",", ":")
+        )
+    }
+    if source:
+        annotations[f"{ANNOTATION_PREFIX}/source"] = source
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"spec": {"devices": devices}},
+    }

@@ -1,0 +1,144 @@
+"""A containerd ``hosts.toml`` that sends this node's ``X-Variant-Properties`` (SPEC 6, 9).
+
+With it under containerd's hosts directory (``config_path`` of the CRI plugin, or
+``ctr images pull --hosts-dir``), every pull from ``REGISTRY`` goes to ``server`` (a
+variant-proxy) with the node's supported lists in a header, and the proxy answers the
+manifest of the variant that fits the node: unmodified kubelets pull the right variant.
+containerd sends the header on its first request, a ``HEAD`` of the tag, so the choice is
+made there.
+
+The header value is compact JSON in a TOML literal string (``'...'``: no escapes to read);
+should the JSON ever contain a ``'`` (our value grammar has none), a basic string is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from docker_variant.errors import InvalidInputError
+from docker_variant.oci.reference import registry_base_url
+from docker_variant.variant import SupportedLists
+
+__all__ = [
+    "HEADER",
+    "HEADER_WARN_BYTES",
+    "check_registry",
+    "check_server",
+    "default_server",
+    "header_value",
+    "hosts_toml",
+    "write_hosts_toml",
+]
+
+HEADER = "X-Variant-Properties"
+#: Above this a header line may be refused by proxies on the way (nginx's default buffer).
+HEADER_WARN_BYTES = 8 * 1024
+CAPABILITIES = ("pull", "resolve")
+_REGISTRY_RE = re.compile(
+    r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.-]+))(?::(?P<port>[0-9]+))?"
+)
+_HOST_LABEL_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_REGISTRY_RULE = "host[:port] (a DNS name, an IPv4 address or an [IPv6] address; port 1-65535)"
+
+
+def check_registry(registry: str) -> str:
+    """``host[:port]`` as image references name a registry; the hosts directory's name."""
+    match = _REGISTRY_RE.fullmatch(registry)
+    valid = match is not None
+    if match is not None and match["ipv6"] is not None:
+        try:
+            ipaddress.IPv6Address(match["ipv6"])
+        except ValueError:
+            valid = False
+    elif match is not None:
+        host = match["host"]
+        valid = len(host) <= 253 and all(_HOST_LABEL_RE.fullmatch(p) for p in host.split("."))
+    if valid and match is not None and match["port"] is not None:
+        valid = 1 <= int(match["port"]) <= 65535
+    if not valid:
+        raise InvalidInputError(f"registry {registry!r} is not {_REGISTRY_RULE}")
+    return registry
+
+
+def default_server(registry: str) -> str:
+    """``http://`` for loopback registries, ``https://`` otherwise (as the CLI connects)."""
+    return registry_base_url(registry)
+
+
+def check_server(url: str) -> str:
+    parts = urlsplit(url)
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.netloc
+        or parts.query
+        or parts.fragment
+        or any(c.isspace() or c in "\"'\\" or ord(c) < 0x20 for c in url)
+    ):
+        raise InvalidInputError(
+            f"server {url!r} is not an http:// or https:// URL (host[:port][/path], "
+            "no quotes, spaces, query or fragment)"
+        )
+    return url.rstrip("/")
+
+
+def _toml_string(text: str) -> str:
+    if "'" not in text and not any(ord(c) < 0x20 or c == "\x7f" for c in text):
+        return f"'{text}'"
+    return json.dumps(text)  # JSON string escapes are TOML basic-string escapes (ASCII out)
+
+
+def header_value(host: SupportedLists) -> str:
+    """The lists as compact JSON, in their own order (feature order is a preference)."""
+    return json.dumps(host, separators=(",", ":"))
+
+
+def hosts_toml(registry: str, server: str, host: SupportedLists) -> str:
+    """The ``hosts.toml`` for ``registry``: pulls go to ``server`` with the node's lists."""
+    check_registry(registry)
+    server = check_server(server)
+    properties = header_value(host)
+    quoted = json.dumps(server)
+    return (
+        f"# containerd hosts.toml for {registry}, from docker-variant k8s containerd-hosts.\n"
+        f"# Pulls go to {server} with this node's supported lists; a variant-proxy there\n"
+        "# answers a tag with the manifest of the variant that fits them.\n"
+        f"server = {quoted}\n"
+        "\n"
+        f"[host.{quoted}]\n"
+        f"  capabilities = {json.dumps(list(CAPABILITIES))}\n"
+        f"  [host.{quoted}.header]\n"
+        f"    {HEADER} = {_toml_string(properties)}\n"
+    )
+
+
+def write_hosts_toml(directory: Path, registry: str, text: str) -> Path:
+    """Write ``directory/<registry>/hosts.toml`` atomically (a reader never sees half a file)."""
+    check_registry(registry)
+    target_dir = directory / registry
+    try:
+        target_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".hosts.toml.", dir=target_dir)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, 0o644)
+            target = target_dir / "hosts.toml"
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as exc:
+        raise InvalidInputError(
+            f"cannot write {target_dir / 'hosts.toml'}: {exc.strerror or exc}"
+        ) from exc
+    return target

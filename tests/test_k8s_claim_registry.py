@@ -1,0 +1,94 @@
+"""`docker-variant k8s claim REF`: the template for an image in a live registry."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from conftest import RunningRegistry
+from docker_variant.oci.source import fetch_index
+from imaging import ImageBuilder
+from k8s_cel_env import first_available, nvidia_gpu
+
+pytestmark = pytest.mark.e2e
+REPO = "k8s/team/app"
+
+
+def labels(label: str, **props: str) -> dict[str, str]:
+    result = {"dev.pep817.variant-label": label}
+    for key, value in props.items():
+        namespace, feature = key.split("__")
+        result[f"dev.pep817.variant.{namespace}.{feature}"] = value
+    return result
+
+
+@pytest.fixture(scope="module")
+def pushed(registry: RunningRegistry, image_builder: ImageBuilder) -> str:
+    images = {
+        "cu128": labels(
+            "cu128", nvidia__cuda_version_lower_bound="12.8", nvidia__sm_arch="90_real"
+        ),
+        "cu126": labels("cu126", nvidia__cuda_version_lower_bound="12.6"),
+        "v3": labels("v3", x86_64__level="v3"),
+        "null": labels("null"),
+    }
+    for label, image_labels in images.items():
+        image_builder.build_and_push(f"{registry.host}/{REPO}:1.0.0-{label}", image_labels)
+    image_builder.build_and_push(f"{registry.host}/{REPO}:1.0.0", {})
+    return f"{registry.host}/{REPO}:1.0.0"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_VARIANT")}
+    return subprocess.run(
+        [sys.executable, "-m", "docker_variant", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def test_claim_for_a_reference(pushed: str) -> None:
+    result = run("k8s", "claim", pushed, "--count", "2")
+    assert result.returncode == 0, result.stderr
+    document: dict[str, Any] = yaml.safe_load(result.stdout)
+    kubernetes_validate.validate(document, "1.35", strict=True)
+    assert document["metadata"]["name"] == "app-1.0.0"
+    annotations = document["metadata"]["annotations"]
+    assert annotations["variant.pep817.dev/source"] == pushed
+    assert json.loads(annotations["variant.pep817.dev/subrequests"]) == {
+        "cu128": ["cu128"],
+        "cu126": ["cu126"],
+        "null": ["v3", "null", None],
+    }
+    (request,) = document["spec"]["spec"]["devices"]["requests"]
+    subs = request["firstAvailable"]
+    assert first_available(subs, nvidia_gpu("H200", "R570")) == "cu128"
+    assert first_available(subs, nvidia_gpu("A100", "R570")) == "cu126"
+    assert first_available(subs, nvidia_gpu("A100", "R535")) == "null"
+
+
+def test_reference_and_index_give_the_same_claim(pushed: str, tmp_path: Path) -> None:
+    """REF and --index of the same version make the same requests (the name and source differ)."""
+    from_ref = yaml.safe_load(run("k8s", "claim", pushed).stdout)
+    _, index = fetch_index(pushed)
+    path = tmp_path / "app.json"
+    path.write_text(index.dumps())
+    from_index = yaml.safe_load(run("k8s", "claim", "--index", str(path)).stdout)
+    assert from_index["spec"] == from_ref["spec"]
+    assert from_index["metadata"]["name"] == "app"
+
+
+def test_missing_repository_exits_3(registry: RunningRegistry) -> None:
+    result = run("k8s", "claim", f"{registry.host}/k8s/nothing-here:1.0.0")
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr
