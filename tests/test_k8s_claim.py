@@ -21,17 +21,17 @@ import yaml
 from docker_variant.cli import Target, _claim_name_hint, main
 from docker_variant.errors import InvalidInputError
 from docker_variant.k8s import claim as claim_module
-from docker_variant.k8s.cel import feature_selector, newest_first
+from docker_variant.k8s.cel import feature_selector
 from docker_variant.k8s.claim import (
     claim_template,
     dns_label,
     dns_subdomain,
     plan_claim,
-    virtual_host,
 )
 from docker_variant.k8s.yamltext import dump_yaml
 from docker_variant.providers.nvidia import nvidia_features
 from docker_variant.variant import VariantIndex, select
+from docker_variant.variant.virtual import newest_first, virtual_host
 from k8s_cel_env import (
     DRIVERS,
     PRODUCTS,

@@ -9,7 +9,6 @@ from docker_variant.k8s.claim import (
     Subrequest,
     claim_template,
     plan_claim,
-    virtual_host,
 )
 from docker_variant.k8s.labels import LABEL_PREFIX, NodeLabels, node_labels
 from docker_variant.k8s.yamltext import dump_yaml
@@ -24,5 +23,4 @@ __all__ = [
     "dump_yaml",
     "node_labels",
     "plan_claim",
-    "virtual_host",
 ]

@@ -26,9 +26,14 @@ in DRA a missing attribute is an evaluation error that aborts the whole allocati
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from docker_variant.variant.virtual import (
+    cuda_value,
+    newest_first,
+    sm_arch_value,
+)
 
 __all__ = [
     "MAX_EXPRESSION_BYTES",
@@ -36,82 +41,19 @@ __all__ = [
     "MAX_VALUES_PER_FEATURE",
     "NVIDIA_ATTRIBUTES",
     "NVIDIA_DOMAIN",
-    "NVIDIA_FEATURES",
     "FeatureSelector",
     "feature_selector",
-    "newest_first",
 ]
 
 NVIDIA_DOMAIN = "gpu.nvidia.com"
 NVIDIA_ATTRIBUTES = f'device.attributes["{NVIDIA_DOMAIN}"]'
-#: The NVIDIA provider's features, in its own order (the virtual host keeps it).
-NVIDIA_FEATURES = ("cuda_version_lower_bound", "cuda_version_upper_bound", "sm_arch")
 MAX_VALUES_PER_FEATURE = 8  # SPEC section 9: "each feature's values newest first (at most 8)"
 MAX_EXPRESSION_BYTES = 10 * 1024  # resource.k8s.io CELSelectorExpressionMaxLength
 MAX_SELECTORS = 32  # resource.k8s.io DeviceSelectorsMaxSize
 
-_NUMBER = r"(0|[1-9][0-9]*)"  # as the provider writes numbers: no leading zeros
-_CUDA_RE = re.compile(rf"{_NUMBER}(?:\.{_NUMBER})?")
-_SM_RE = re.compile(r"([1-9][0-9]*)([0-9])_(real|virtual)")
-_DIGITS_RE = re.compile(r"([0-9]+)")
 
 _CUDA_ATTRIBUTE = "cudaDriverVersion"
 _CC_ATTRIBUTE = "cudaComputeCapability"
-
-
-def _cuda(value: str) -> tuple[int, int, bool] | None:
-    """``"12.8"`` -> (12, 8, True); ``"12"`` -> (12, 0, False): a bare major means major.0."""
-    match = _CUDA_RE.fullmatch(value)
-    if match is None:
-        return None
-    return int(match[1]), int(match[2] or 0), match[2] is not None
-
-
-def _sm(value: str) -> tuple[int, int, bool] | None:
-    """``"90_real"`` -> (9, 0, True); ``"120_virtual"`` -> (12, 0, False)."""
-    match = _SM_RE.fullmatch(value)
-    if match is None:
-        return None
-    return int(match[1]), int(match[2]), match[3] == "real"
-
-
-def _natural(value: str) -> tuple[tuple[int, int, str], ...]:
-    return tuple(
-        (1, int(part), "") if part.isdigit() else (0, 0, part)
-        for part in _DIGITS_RE.split(value)
-        if part
-    )
-
-
-def newest_first(namespace: str, feature: str, values: Iterable[str]) -> list[str]:
-    """``values`` most preferred first, as the providers order them.
-
-    CUDA versions compare numerically, ``12.0`` before the bare ``12`` (wheelnext lists a bare
-    major after its minors); ``sm_arch`` by major, then ``real`` before ``virtual``, then minor
-    (``100_real, 90_real, 90_virtual, 89_real``); anything else in descending natural order
-    (``v4`` before ``v3``, ``8.10a`` before ``8.4a``). Values the rule cannot read go last.
-    """
-    unique = list(dict.fromkeys(values))
-    if namespace != "nvidia" or feature not in NVIDIA_FEATURES:
-        return sorted(unique, key=_natural, reverse=True)
-    known: list[tuple[tuple[int, int, int], str]] = []
-    unknown: list[str] = []
-    for value in unique:
-        key = _nvidia_key(feature, value)
-        if key is None:
-            unknown.append(value)
-        else:
-            known.append((key, value))
-    known.sort(key=lambda item: item[0], reverse=True)
-    return [value for _, value in known] + unknown
-
-
-def _nvidia_key(feature: str, value: str) -> tuple[int, int, int] | None:
-    if feature == "sm_arch":
-        sm = _sm(value)
-        return None if sm is None else (sm[0], int(sm[2]), sm[1])
-    cuda = _cuda(value)
-    return None if cuda is None else (cuda[0], cuda[1], int(cuda[2]))
 
 
 def _attribute(name: str) -> str:
@@ -124,7 +66,7 @@ def _semver(major: int, minor: int) -> str:
 
 def _cuda_clause(feature: str, value: str) -> str | None:
     """One CUDA bound's condition on the device, or ``None`` if no host lists the value."""
-    cuda = _cuda(value)
+    cuda = cuda_value(value)
     if cuda is None:
         return None
     op = ">=" if feature == "cuda_version_lower_bound" else "<"
@@ -140,7 +82,7 @@ def _sm_clause(major: int, minor: int) -> str:
 
 def _sm_requirement(value: str) -> tuple[int, int] | None:
     """(major, lowest minor) of the devices whose host lists ``value``; ``None``: none do."""
-    sm = _sm(value)
+    sm = sm_arch_value(value)
     if sm is None:
         return None
     major, minor, real = sm

@@ -2,7 +2,7 @@
 
 One request whose ``firstAvailable`` subrequests are the variants in the order they rank on a
 *virtual host* that supports all of them: built from the index's own properties, each
-feature's values newest first (``cel.newest_first``), and ranked by ``select`` like any host,
+feature's values newest first (``variant.virtual.newest_first``), and ranked by ``select`` like any host,
 so the ordering is decided in one place (``variant.ordering``). The scheduler takes the first
 subrequest that devices on a node can satisfy.
 
@@ -38,12 +38,11 @@ from docker_variant.k8s.cel import (
     MAX_SELECTORS,
     MAX_VALUES_PER_FEATURE,
     NVIDIA_DOMAIN,
-    NVIDIA_FEATURES,
     feature_selector,
-    newest_first,
 )
-from docker_variant.variant import NULL_LABEL, SupportedLists, Variant, VariantIndex, select
+from docker_variant.variant import NULL_LABEL, Variant, VariantIndex, select
 from docker_variant.variant.model import ACCELERATOR_FIRST_CPU_NAMESPACES
+from docker_variant.variant.virtual import virtual_host
 
 __all__ = [
     "ANNOTATION_PREFIX",
@@ -58,7 +57,6 @@ __all__ = [
     "dns_label",
     "dns_subdomain",
     "plan_claim",
-    "virtual_host",
 ]
 
 API_VERSION = "resource.k8s.io/v1"
@@ -69,12 +67,6 @@ MAX_COUNT = 32  # resource.k8s.io AllocationResultsMaxSize: devices per claim
 ANNOTATION_PREFIX = "variant.pep817.dev"
 HOMOGENEOUS_ATTRIBUTE = f"{NVIDIA_DOMAIN}/productName"
 
-# Features in the order their providers list them; the rest alphabetically.
-_FEATURE_ORDER: dict[str, tuple[str, ...]] = {
-    "nvidia": NVIDIA_FEATURES,
-    "x86_64": ("level",),
-    "aarch64": ("version",),
-}
 
 _DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_LABEL_MAX = 63
@@ -121,26 +113,6 @@ def _unique(name: str, taken: set[str]) -> str:
         candidate = name[: _DNS_LABEL_MAX - len(suffix)].rstrip("-") + suffix
     taken.add(candidate)
     return candidate
-
-
-# --------------------------------------------------------------------------- virtual host
-
-
-def virtual_host(index: VariantIndex) -> SupportedLists:
-    """A host that supports every property of the index, each feature's values newest first."""
-    collected: dict[str, dict[str, list[str]]] = {}
-    for variant in index.variants.values():
-        for prop in variant.iter_properties():
-            values = collected.setdefault(prop.namespace, {}).setdefault(prop.feature, [])
-            if prop.value not in values:
-                values.append(prop.value)
-    host: SupportedLists = {}
-    for namespace in sorted(collected):
-        features = collected[namespace]
-        known = _FEATURE_ORDER.get(namespace, ())
-        order = [f for f in known if f in features] + sorted(f for f in features if f not in known)
-        host[namespace] = {f: newest_first(namespace, f, features[f]) for f in order}
-    return host
 
 
 # --------------------------------------------------------------------------- plan

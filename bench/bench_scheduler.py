@@ -1,0 +1,268 @@
+"""Scheduler speed: matching an index against a large pool, and placements through HTTP.
+
+1. An index of 30 variants against 80,000 devices (10,000 agents with 8 GPUs each, of six
+   GPU/driver kinds), built in memory: our matcher (each distinct device class compiled
+   once, then a dict look-up per device) vs variantlib's ``sort_and_filter_supported_variants``
+   called per device. variantlib is timed on a sample of devices and extrapolated (said so in
+   the output); on that sample both must give the same order, device by device. Each call of
+   variantlib also reads the metadata of every installed distribution
+   (``inject_abi_dependency``), which dominates its time and grows with the environment, so
+   it is timed a second time with that step stubbed out: the ordering alone.
+2. ``variant-scheduler serve`` on SQLite in its own process: heartbeats/s, placements/s
+   (one client, then 8 concurrent clients) and deletes/s, next to ``GET /healthz``
+   (one ``SELECT 1``) as the floor of a request.
+
+Run: .venv/bin/python bench/bench_scheduler.py [--agents 10000] [--sample 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import httpx
+from variantlib.models.variant import VariantProperty
+from variantlib.resolver import lib as resolver_lib
+from variantlib.resolver.lib import sort_and_filter_supported_variants
+
+from docker_variant.providers.nvidia import nvidia_features
+from docker_variant.scheduler.documents import AgentReport
+from docker_variant.scheduler.placement import Judge, Plan, Pool, build_pool, plan
+from docker_variant.variant import SupportedLists, Variant, VariantIndex
+
+# (CUDA of the driver, compute capability): H200 R570/R580, A100 R535, B200 R580, L4, H100 R550
+KINDS = [((12, 8), (9, 0)), ((13, 0), (9, 0)), ((12, 2), (8, 0)), ((13, 0), (10, 0))]
+KINDS += [((12, 2), (8, 9)), ((12, 4), (9, 0))]
+HOST = {"x86_64": {"level": ["v4", "v3", "v2", "v1"]}}
+
+
+def make_index() -> VariantIndex:
+    """30 builds: six CUDA minimums times five architecture sets."""
+    cudas = ["12.2", "12.4", "12.6", "12.8", "12.9", "13.0"]
+    arches = [
+        ["80_real"],
+        ["80_real", "86_real", "89_real", "90_real"],
+        ["90_real"],
+        ["90_real", "100_real"],
+        ["100_real", "120_real"],
+    ]
+    variants = {}
+    for cuda in cudas:
+        for i, arch in enumerate(arches):
+            label = f"cu{cuda.replace('.', '')}_a{i}"
+            props = {"nvidia": {"cuda_version_lower_bound": [cuda], "sm_arch": arch}}
+            variants[label] = Variant.from_json(label, props)
+    return VariantIndex(["nvidia", "x86_64"], variants)
+
+
+def make_reports(agents: int, seed: int = 3) -> list[AgentReport]:
+    rng = random.Random(seed)
+    reports = []
+    for a in range(agents):
+        cuda, cc = rng.choice(KINDS)
+        lists = {"nvidia": nvidia_features(cuda, cc)}
+        devices = {"cuda": {f"GPU-{a}-{i}": lists for i in range(8)}}
+        reports.append(AgentReport(f"agent-{a:05d}", "default", HOST, devices))
+    return reports
+
+
+def device_lists(pool: Pool) -> list[tuple[str, str]]:
+    return [(n.host, d.profile) for n in pool.nodes for d in n.devices["cuda"]]
+
+
+def ours(index: VariantIndex, pool: Pool) -> tuple[list[list[str]], int]:
+    """Every device's ranked labels (compatible variants, best first)."""
+    judge = Judge(index, pool.profiles)
+    orders: dict[str, list[str]] = {}
+    result = []
+    for host, profile in device_lists(pool):
+        cls = judge.classify(host, profile)
+        order = orders.get(cls.key)
+        if order is None:
+            ranked = sorted((r, k) for k, r in cls.ranks.items() if k in index.variants)
+            order = orders[cls.key] = [k for _, k in ranked if k != "null"]
+        result.append(order)
+    return result, len(judge.classes)
+
+
+def with_variantlib(index: VariantIndex, lists: SupportedLists) -> list[str]:
+    order = index.namespace_order
+    supported = [
+        VariantProperty(ns, f, v)
+        for ns in order
+        if ns in lists
+        for f, vs in lists[ns].items()
+        for v in vs
+    ]
+    vdescs = [v.to_description() for _, v in sorted(index.variants.items())]
+    used = [ns for ns in order if ns in lists]
+    result = sort_and_filter_supported_variants(
+        vdescs, supported, namespace_priorities=used, filter_values=True
+    )
+    return [d.label for d in result if d.label != "null"]
+
+
+def matching(agents: int, sample: int) -> None:
+    index = make_index()
+    pool = build_pool(make_reports(agents))
+    devices = device_lists(pool)
+    started = time.perf_counter()
+    ranked, classes = ours(index, pool)
+    t_ours = time.perf_counter() - started
+
+    rng = random.Random(5)
+    picks = rng.sample(range(len(devices)), sample)
+
+    def per_device() -> float:
+        started = time.perf_counter()
+        for i in picks:
+            host, profile = devices[i]
+            merged = {**pool.profiles[host], **pool.profiles[profile]}
+            assert with_variantlib(index, merged) == ranked[i], f"parity broken on device {i}"
+        return (time.perf_counter() - started) / sample
+
+    t_lib_each = per_device()
+    with mock.patch.object(resolver_lib, "inject_abi_dependency", lambda *_args: None):
+        t_core_each = per_device()
+    dists = sum(1 for _ in importlib.metadata.distributions())
+
+    print(f"30 variants against {len(devices):,} devices on {agents:,} agents ({classes} classes)")
+    print(f"  ours, every device                    {t_ours * 1e3:10.1f} ms")
+    for what, each in (
+        (f"variantlib ({dists} installed dists)", t_lib_each),
+        ("variantlib, ordering alone", t_core_each),
+    ):
+        total = each * len(devices)
+        print(
+            f"  {what:<37} {total * 1e3:10.0f} ms  (extrapolated from {sample} devices: "
+            f"{each * 1e3:.2f} ms each; same order on all)"
+        )
+        print(
+            f"    ratio ours / it                     {t_ours / total:10.6f}  (x{total / t_ours:,.0f})"
+        )
+
+    for nodes in (1, 64):
+        started = time.perf_counter()
+        outcome = plan(index, pool, nodes, 8)
+        t_plan = time.perf_counter() - started
+        assert isinstance(outcome, Plan)
+        label = outcome.candidate.label
+        print(
+            f"  whole plan(), {nodes:>2} node(s) x 8 devices     {t_plan * 1e3:10.1f} ms  -> {label}"
+        )
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def rate(count: int, workers: int, call: Callable[[int], Awaitable[None]]) -> float:
+    """Calls per second of ``call(i)`` for i in range(count), ``workers`` at a time."""
+    queue = iter(range(count))
+
+    async def worker() -> None:
+        for i in queue:
+            await call(i)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return count / (time.perf_counter() - started)
+
+
+async def http_figures(url: str, agents: int, placements: int) -> None:
+    index = make_index().to_json()
+    reports = make_reports(agents, seed=11)
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+
+        async def heartbeat(i: int) -> None:
+            r = reports[i % len(reports)]
+            body = {"resource_group": r.resource_group, "host": r.host, "devices": r.devices}
+            (await client.put(f"/v1/agents/{r.agent_id}", json=body)).raise_for_status()
+
+        async def health(_i: int) -> None:
+            (await client.get("/healthz")).raise_for_status()
+
+        made: list[str] = []
+
+        async def place(_i: int) -> None:
+            body = {"index": index, "nodes": 1, "devices_per_node": 1}
+            response = await client.post("/v1/placements", json=body)
+            assert response.status_code == 201, response.text
+            made.append(response.json()["id"])
+
+        async def free(i: int) -> None:
+            response = await client.delete(f"/v1/placements/{made[i]}")
+            assert response.status_code == 204, response.text
+
+        beats = await rate(agents, 8, heartbeat)  # new agents: every report changes the pool
+        again = await rate(agents, 8, heartbeat)  # the same reports: plain heartbeats
+        floor = await rate(500, 1, health)
+        one = await rate(placements, 1, place)
+        many = await rate(placements, 8, place)
+        deletes = await rate(len(made), 8, free)
+    devices = agents * 8
+    print(f"variant-scheduler serve on SQLite, {agents} agents, {devices:,} devices, 30 variants")
+    print(f"  first reports (PUT, 8 clients)        {beats:10.0f} /s")
+    print(f"  heartbeats, unchanged (PUT, 8 clients){again:10.0f} /s")
+    print(f"  GET /healthz (1 client): the floor    {floor:10.0f} /s")
+    print(f"  placements 1 x 1 device (1 client)    {one:10.0f} /s  ({1e3 / one:.1f} ms each)")
+    print(f"  placements 1 x 1 device (8 clients)   {many:10.0f} /s")
+    print(f"  deletes (8 clients)                   {deletes:10.0f} /s")
+    print(f"  ratio placement / healthz, 1 client   {floor / one:10.1f}  (time per request)")
+
+
+def serving(agents: int, placements: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="dv-bench-") as tmp:
+        port = free_port()
+        argv = [sys.executable, "-m", "docker_variant.scheduler", "serve", "--log-level", "warning"]
+        argv += ["--db", f"sqlite:///{Path(tmp) / 'bench.db'}", "--listen", f"127.0.0.1:{port}"]
+        process = subprocess.Popen(argv, stderr=subprocess.PIPE)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"variant-scheduler did not start: {process.stderr}")
+                time.sleep(0.05)
+            asyncio.run(http_figures(url, agents, placements))
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=20)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--agents", type=int, default=10_000, help="agents in the matching part")
+    parser.add_argument("--sample", type=int, default=300, help="devices timed with variantlib")
+    parser.add_argument("--http-agents", type=int, default=500, help="agents behind the API")
+    parser.add_argument("--placements", type=int, default=400, help="per client setting")
+    args: Any = parser.parse_args()
+    matching(args.agents, args.sample)
+    serving(args.http_agents, args.placements)
+
+
+if __name__ == "__main__":
+    main()

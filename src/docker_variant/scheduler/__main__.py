@@ -1,0 +1,150 @@
+"""``variant-scheduler serve [--db URL] [--listen HOST:PORT]``: run the scheduler under uvicorn.
+
+Bad arguments (a bad database URL or listen address, a busy port) end with one line on stderr
+and exit code 2; a database that cannot be reached at start, one line and exit code 3. Never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import socket
+import sys
+from typing import NoReturn
+
+import uvicorn
+from sqlalchemy import exc as sa_exc
+
+from docker_variant import __version__
+from docker_variant.errors import InvalidInputError
+from docker_variant.oci.errors import one_line
+from docker_variant.proxy.__main__ import parse_listen
+from docker_variant.proxy.metrics import JsonFormatter
+from docker_variant.scheduler.app import create_app
+from docker_variant.scheduler.database import DEFAULT_DB_URL, DatabaseUnavailableError
+from docker_variant.scheduler.store import Store
+
+__all__ = ["DEFAULT_LISTEN", "main"]
+
+DEFAULT_LISTEN = "127.0.0.1:5090"
+DB_ENV = "VARIANT_SCHEDULER_DB"
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"agent TTL {text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"agent TTL must be >= 0 seconds, got {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="variant-scheduler",
+        description="Agent-device variant registry and matcher: places one variant of an "
+        "image on nodes whose devices fit it (PEP 817/825 wheel variants for containers).",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser("serve", help="run the HTTP API")
+    serve.add_argument(
+        "--db",
+        default=os.environ.get(DB_ENV, DEFAULT_DB_URL),
+        metavar="URL",
+        help=f"sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB "
+        f"(default ${DB_ENV}, else {DEFAULT_DB_URL})",
+    )
+    serve.add_argument(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        metavar="HOST:PORT",
+        help=f"address to listen on (default {DEFAULT_LISTEN})",
+    )
+    serve.add_argument(
+        "--agent-ttl",
+        type=_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="leave out agents without a heartbeat for this long (default 0: never)",
+    )
+    serve.add_argument(
+        "--log-level", choices=_LOG_LEVELS, default="info", help="default %(default)s"
+    )
+    return parser
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _configure_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        host, port = parse_listen(args.listen)
+        store = Store.open(args.db, agent_ttl=args.agent_ttl)
+    except InvalidInputError as exc:
+        parser.error(str(exc))
+    except (DatabaseUnavailableError, sa_exc.SQLAlchemyError) as exc:
+        sys.stderr.write(f"variant-scheduler: error: {one_line(str(exc))}\n")
+        return 3
+    try:
+        sock = _bind(host, port)
+    except (OSError, OverflowError) as exc:
+        store.close()
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        parser.error(f"cannot listen on {args.listen}: {reason}")
+
+    _configure_logging(args.log_level)
+    bound = sock.getsockname()
+    logging.getLogger("docker_variant.scheduler").info(
+        "variant-scheduler %s on %s:%s, database %s", __version__, bound[0], bound[1], store.url
+    )
+    config = uvicorn.Config(
+        create_app(store),
+        log_config=None,
+        log_level=args.log_level,
+        lifespan="off",
+        server_header=False,
+    )
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sock.close()
+        store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

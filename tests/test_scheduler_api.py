@@ -1,0 +1,447 @@
+"""The HTTP API: agents, placements, errors; on SQLite and on a private PostgreSQL."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import insert
+from sqlalchemy.exc import IntegrityError
+
+from conftest import RunningRegistry
+from docker_variant.oci.reference import Reference, parse_reference
+from docker_variant.scheduler import Store
+from docker_variant.scheduler.database import open_engine
+from docker_variant.scheduler.models import allocations
+from docker_variant.variant import VariantIndex
+from imaging import ImageBuilder
+from test_scheduler_support import (
+    A100_R535,
+    B200_R580,
+    H200_R570,
+    INDEX,
+    SchedulerServer,
+    agent_body,
+    free_port,
+    gpu_lists,
+    gpu_only_index,
+    open_store,
+)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    with open_store(request.param, tmp_path) as opened:
+        yield opened
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[Store]:
+    with open_store("sqlite", tmp_path) as opened:
+        yield opened
+
+
+@pytest.fixture(scope="module")
+def shared_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    """One server for the tests that change nothing (bad input, health)."""
+    root = tmp_path_factory.mktemp("shared")
+    with open_store("sqlite", root) as opened, client_for(opened) as client:
+        yield client
+
+
+@contextlib.contextmanager
+def client_for(store: Store, fetch: Any = None) -> Iterator[httpx.Client]:
+    """The API on a real socket (uvicorn in a thread), and a client for it."""
+    with SchedulerServer(store, fetch) as server, httpx.Client(base_url=server.url) as client:
+        yield client
+
+
+@pytest.fixture
+def api(store: Store) -> Iterator[httpx.Client]:
+    with client_for(store) as client:
+        yield client
+
+
+def put_agent(api: httpx.Client, agent_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    response = api.put(f"/v1/agents/{agent_id}", json=body)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def place(api: httpx.Client, nodes: int, per_node: int, **extra: Any) -> httpx.Response:
+    body = {"index": extra.pop("index", INDEX), "nodes": nodes, "devices_per_node": per_node}
+    return api.post("/v1/placements", json=body | extra)
+
+
+def devices_of(api: httpx.Client, agent_id: str) -> dict[str, list[str]]:
+    agents = {a["agent_id"]: a for a in api.get("/v1/agents").json()["agents"]}
+    result: dict[str, list[str]] = agents[agent_id]["devices"]["cuda"]
+    return result
+
+
+def error_message(response: httpx.Response) -> str:
+    errors = response.json()["errors"]
+    assert len(errors) == 1
+    message: str = errors[0]["message"]
+    assert "\n" not in message and "Traceback" not in message
+    return message
+
+
+# --------------------------------------------------------------------------- agents
+
+
+def test_agent_heartbeat_is_an_upsert_and_lists_devices(api: httpx.Client) -> None:
+    first = put_agent(api, "node-1", agent_body(H200_R570, 2, group="gpu"))
+    assert first["agent_id"] == "node-1" and first["resource_group"] == "gpu"
+    assert first["devices"] == {
+        "cuda": {"free": ["GPU-0", "GPU-1"], "allocated": [], "missing": []}
+    }
+    detail = api.get("/v1/agents/node-1").json()
+    assert detail["device_lists"]["cuda"]["GPU-0"] == gpu_lists(H200_R570)
+    assert detail["host"] == agent_body(None)["host"]
+    again = put_agent(api, "node-1", agent_body(H200_R570, 3, group="gpu"))
+    assert again["first_seen"] == first["first_seen"]
+    assert again["devices"]["cuda"]["free"] == ["GPU-0", "GPU-1", "GPU-2"]
+    put_agent(api, "node-2", agent_body(A100_R535, 1))
+    listed = api.get("/v1/agents").json()["agents"]
+    assert [a["agent_id"] for a in listed] == ["node-1", "node-2"]
+    in_group = api.get("/v1/agents", params={"resource_group": "gpu"}).json()["agents"]
+    assert [a["agent_id"] for a in in_group] == ["node-1"]
+    assert api.get("/v1/agents/nobody").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"host": {"Bad": {}}}, "agent node: host: namespace 'Bad' does not match"),
+        (
+            {"devices": {"cuda": {"GPU-0": {"nvidia": {"sm_arch": ["9.0 "]}}}}},
+            "agent node: device cuda/GPU-0: nvidia :: sm_arch: value '9.0 ' does not match",
+        ),
+        ({"devices": {"cuda": {"GPU 0": {}}}}, "devices.cuda: device id 'GPU 0' is not valid"),
+        ({"devices": {"cuda": ["GPU-0"]}}, "devices.cuda must be a JSON object, got list"),
+        ({"agent_id": "other"}, "agent_id 'other' in the body does not match 'node' in the path"),
+        ({"resource_group": ""}, "resource_group '' is not valid"),
+        ({"hots": {}}, "agent report: unknown key 'hots'"),
+        ([], "an agent report must be a JSON object, got list"),
+    ],
+)
+def test_bad_agent_reports_are_400_naming_the_value(
+    shared_api: httpx.Client, body: Any, message: str
+) -> None:
+    response = shared_api.put("/v1/agents/node", json=body)
+    assert response.status_code == 400
+    assert message in error_message(response)
+    assert shared_api.get("/v1/agents").json()["agents"] == []
+
+
+def test_body_that_is_not_json_is_400(shared_api: httpx.Client) -> None:
+    response = shared_api.put("/v1/agents/node", content=b"{nope")
+    assert response.status_code == 400
+    assert error_message(response).startswith("request body is not JSON:")
+
+
+# --------------------------------------------------------------------------- placements
+
+
+def test_place_get_delete(api: httpx.Client) -> None:
+    put_agent(api, "h200-a", agent_body(H200_R570, 4))
+    put_agent(api, "h200-b", agent_body(H200_R570, 4))
+    response = place(api, 2, 3)
+    assert response.status_code == 201, response.text
+    placement = response.json()
+    assert response.headers["location"] == f"/v1/placements/{placement['id']}"
+    assert placement["variant"] == "cu128" and placement["image"] == "2.0-cu128"
+    assert placement["homogeneous"] is True
+    assert placement["allocations"] == [
+        {"agent_id": "h200-a", "device_name": "cuda", "devices": ["GPU-0", "GPU-1", "GPU-2"]},
+        {"agent_id": "h200-b", "device_name": "cuda", "devices": ["GPU-0", "GPU-1", "GPU-2"]},
+    ]
+    assert api.get(f"/v1/placements/{placement['id']}").json() == placement
+    assert api.get("/v1/placements").json() == {"placements": [placement]}
+    assert devices_of(api, "h200-a") == {
+        "free": ["GPU-3"],
+        "allocated": ["GPU-0", "GPU-1", "GPU-2"],
+        "missing": [],
+    }
+    assert api.get("/v1/agents/h200-a").json()["placements"] == [placement["id"]]
+
+    assert place(api, 1, 2).status_code == 409  # one free device per node is left
+    assert api.delete(f"/v1/placements/{placement['id']}").status_code == 204
+    assert api.get(f"/v1/placements/{placement['id']}").status_code == 404
+    assert api.delete(f"/v1/placements/{placement['id']}").status_code == 404
+    assert devices_of(api, "h200-a")["free"] == ["GPU-0", "GPU-1", "GPU-2", "GPU-3"]
+    assert place(api, 2, 4).status_code == 201
+
+
+def test_refusal_is_409_with_a_reason_per_variant_and_takes_nothing(api: httpx.Client) -> None:
+    put_agent(api, "agent-a", agent_body(B200_R580, 4))
+    put_agent(api, "agent-b", agent_body(A100_R535, 4))
+    response = place(api, 2, 4, index=gpu_only_index())  # no build fits both
+    assert response.status_code == 409
+    reasons = response.json()["reasons"]
+    assert set(reasons) == {"cu130", "cu128", "cu126", "cu122"}
+    assert reasons["cu130"] == (
+        "needs 2 nodes with 4 free devices fitting it; 1 node has them (agent-a); agent-b: "
+        "nvidia :: cuda_version_lower_bound needs one of 13.0; this device supports 12.2, "
+        "12.1, 12.0, 12, 11.20, 11.19, ... (26 values)"
+    )
+    # all or nothing: the node that fitted was not half-taken
+    assert devices_of(api, "agent-a")["allocated"] == []
+    assert api.get("/v1/placements").json() == {"placements": []}
+
+
+def test_resource_group_limits_the_nodes(api: httpx.Client) -> None:
+    put_agent(api, "b200", agent_body(B200_R580, 4, group="train"))
+    put_agent(api, "a100", agent_body(A100_R535, 4, group="infer"))
+    response = place(api, 1, 1, resource_group="infer")
+    assert response.status_code == 201
+    assert response.json()["variant"] == "cu122"
+    assert response.json()["resource_group"] == "infer"
+    refused = place(api, 1, 1, resource_group="none", index=gpu_only_index())
+    assert refused.status_code == 409
+    assert refused.json()["reasons"]["cu122"].endswith("no agents in resource group 'none'")
+
+
+def test_agent_re_report_keeps_allocations(api: httpx.Client) -> None:
+    put_agent(api, "node", agent_body(H200_R570, 4))
+    placement = place(api, 1, 2).json()
+    assert placement["allocations"][0]["devices"] == ["GPU-0", "GPU-1"]
+    # a driver upgrade changes every device's lists; GPU-1 fell off the bus; GPU-7 is new
+    body = agent_body(H200_R570, 4)
+    body["devices"]["cuda"] = {
+        i: gpu_lists(((13, 0), (9, 0))) for i in ("GPU-0", "GPU-2", "GPU-3", "GPU-7")
+    }
+    view = put_agent(api, "node", body)
+    assert view["devices"]["cuda"] == {
+        "free": ["GPU-2", "GPU-3", "GPU-7"],
+        "allocated": ["GPU-0"],
+        "missing": ["GPU-1"],
+    }
+    assert api.get(f"/v1/placements/{placement['id']}").json() == placement
+    second = place(api, 1, 3).json()
+    assert second["allocations"][0]["devices"] == ["GPU-2", "GPU-3", "GPU-7"]
+    assert place(api, 1, 1).status_code == 409  # GPU-0 stays taken, GPU-1 is gone
+    assert api.delete(f"/v1/placements/{placement['id']}").status_code == 204
+    after = devices_of(api, "node")
+    assert after == {"free": ["GPU-0"], "allocated": ["GPU-2", "GPU-3", "GPU-7"], "missing": []}
+
+
+def test_the_database_refuses_a_device_allocated_twice(store: Store, api: httpx.Client) -> None:
+    put_agent(api, "node", agent_body(H200_R570, 2))
+    placement = place(api, 1, 2).json()
+    with pytest.raises(IntegrityError), store.engine.begin() as conn:
+        conn.execute(
+            insert(allocations).values(
+                agent_id="node", device_name="cuda", device_id="GPU-1", placement_id=placement["id"]
+            )
+        )
+
+
+def test_a_plan_made_on_stale_state_does_not_commit_and_is_replanned(store: Store) -> None:
+    from docker_variant.scheduler.documents import parse_agent_report, parse_placement_request
+    from docker_variant.scheduler.placement import Plan, plan
+
+    store.report_agent(parse_agent_report(agent_body(H200_R570, 2), "node"))
+    index = VariantIndex.from_json(INDEX, "index")
+    request = parse_placement_request({"index": INDEX, "nodes": 1, "devices_per_node": 1})
+    stale = plan(index, store.snapshot(), 1, 1)
+    assert isinstance(stale, Plan)
+    first = store.place(index, request, lambda c: c.tag)  # takes GPU-0 meanwhile
+    assert isinstance(first, dict) and first["allocations"][0]["devices"] == ["GPU-0"]
+    document = {**first, "id": "f" * 32}
+    assert stale.allocations[0].devices[0].device_id == "GPU-0"
+    assert store._commit(stale, document) is False  # the primary key refused GPU-0
+    assert store.get_placement("f" * 32) is None
+    second = store.place(index, request, lambda c: c.tag)
+    assert isinstance(second, dict) and second["allocations"][0]["devices"] == ["GPU-1"]
+
+
+def test_cpu_only_placement(api: httpx.Client) -> None:
+    put_agent(api, "cpu", agent_body(None, host={"x86_64": {"level": ["v3", "v2", "v1"]}}))
+    response = place(api, 1, 0)
+    assert response.status_code == 201
+    assert response.json()["variant"] == "v3"
+    assert response.json()["allocations"] == [
+        {"agent_id": "cpu", "device_name": None, "devices": []}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"nodes": 1, "devices_per_node": 1}, 'give exactly one of "image"'),
+        (
+            {"image": "r/a:1", "index": INDEX, "nodes": 1, "devices_per_node": 1},
+            'give exactly one of "image"',
+        ),
+        ({"index": INDEX, "nodes": 0, "devices_per_node": 1}, "nodes must be an integer 1..10000"),
+        ({"index": INDEX, "nodes": "2", "devices_per_node": 1}, "got '2'"),
+        ({"index": INDEX, "nodes": 1}, "devices_per_node is required"),
+        ({"index": INDEX, "nodes": 1, "devices_per_node": -1}, "devices_per_node must be"),
+        ({"index": {"variants": 3}, "nodes": 1, "devices_per_node": 1}, "index: 'variants'"),
+        (
+            {"index": {"variants": {"Bad": {}}}, "nodes": 1, "devices_per_node": 1},
+            "variant label 'Bad' does not match",
+        ),
+        (
+            {"index": {"variants": {}}, "nodes": 1, "devices_per_node": 1},
+            "index: no variant and no bare image to place",
+        ),
+        ({"image": "Bad Ref", "nodes": 1, "devices_per_node": 1}, "'Bad Ref'"),
+        ({"image": "r/a", "nodes": 1, "devices_per_node": 1}, "a version tag is needed"),
+        ({"index": INDEX, "nodes": 1, "devices_per_node": 1, "gpus": 2}, "unknown key 'gpus'"),
+    ],
+)
+def test_bad_placement_requests_are_400(shared_api: httpx.Client, body: Any, message: str) -> None:
+    response = shared_api.post("/v1/placements", json=body)
+    assert response.status_code == 400, response.text
+    assert message in error_message(response)
+
+
+# --------------------------------------------------------------------------- images
+
+
+def test_image_reference_is_resolved_through_the_fetcher(sqlite_store: Store) -> None:
+    seen: list[str] = []
+
+    def fetch(ref: str) -> tuple[Reference, VariantIndex]:
+        seen.append(ref)
+        return parse_reference(ref), VariantIndex.from_json(INDEX, ref)
+
+    with client_for(sqlite_store, fetch) as api:
+        put_agent(api, "b200", agent_body(B200_R580, 2))
+        response = api.post(
+            "/v1/placements",
+            json={"image": "reg.example:5000/ml/app:2.0", "nodes": 1, "devices_per_node": 2},
+        )
+    assert response.status_code == 201
+    assert response.json()["image"] == "reg.example:5000/ml/app:2.0-cu130"
+    assert response.json()["digest"] == INDEX["images"]["cu130"]["digest"]
+    assert seen == ["reg.example:5000/ml/app:2.0"]
+
+
+def test_registry_down_is_502(shared_api: httpx.Client) -> None:
+    ref = f"127.0.0.1:{free_port()}/ml/app:2.0"
+    response = shared_api.post(
+        "/v1/placements", json={"image": ref, "nodes": 1, "devices_per_node": 1}
+    )
+    assert response.status_code == 502
+    message = error_message(response)
+    assert message.startswith("the registry is unavailable:") and "ml/app" in message
+
+
+@pytest.mark.e2e
+def test_placement_of_an_image_in_a_real_registry(
+    registry: RunningRegistry, image_builder: ImageBuilder, api: httpx.Client
+) -> None:
+    repo = "scheduler/app"
+    for label, cuda, sm in (("cu128", "12.8", "90_real"), ("cu122", "12.2", "80_real")):
+        image_builder.build_and_push(
+            f"{registry.host}/{repo}:3.0-{label}",
+            {
+                "dev.pep817.variant-label": label,
+                "dev.pep817.variant.nvidia.cuda_version_lower_bound": cuda,
+                "dev.pep817.variant.nvidia.sm_arch": sm,
+            },
+        )
+    put_agent(api, "a100", agent_body(A100_R535, 1))
+    body = {"image": f"{registry.host}/{repo}:3.0", "nodes": 1, "devices_per_node": 1}
+    response = api.post("/v1/placements", json=body)
+    assert response.status_code == 201, response.text
+    assert response.json()["image"] == f"{registry.host}/{repo}:3.0-cu122"
+    assert response.json()["digest"].startswith("sha256:")
+    missing = api.post("/v1/placements", json=body | {"image": f"{registry.host}/{repo}:9"})
+    assert missing.status_code == 404
+    assert "no image tagged 9" in error_message(missing)
+
+
+# --------------------------------------------------------------------------- health
+
+
+def test_dead_database_is_503_in_one_line() -> None:
+    dead = Store(open_engine(f"postgresql+psycopg://u@127.0.0.1:{free_port()}/db"))
+    with client_for(dead) as api:
+        for response in (
+            api.get("/v1/agents"),
+            api.put("/v1/agents/node", json=agent_body(H200_R570, 1)),
+            api.post("/v1/placements", json={"index": INDEX, "nodes": 1, "devices_per_node": 1}),
+            api.get("/healthz"),
+        ):
+            assert response.status_code == 503
+            message = error_message(response)
+            assert "is unavailable" in message and "Connection refused" in message
+    dead.close()
+
+
+def test_healthz(shared_api: httpx.Client) -> None:
+    response = shared_api.get("/healthz")
+    assert response.status_code == 200 and response.json()["status"] == "ok"
+
+
+def test_agents_without_heartbeat_are_left_out(tmp_path: Path) -> None:
+    now = [1_000_000.0]
+    opened = open_store("sqlite", tmp_path, agent_ttl=60, clock=lambda: now[0])
+    with opened as store, client_for(store) as api:
+        put_agent(api, "old", agent_body(H200_R570, 1))
+        now[0] += 90
+        put_agent(api, "new", agent_body(A100_R535, 1))
+        alive = {a["agent_id"]: a["alive"] for a in api.get("/v1/agents").json()["agents"]}
+        assert alive == {"old": False, "new": True}
+        response = place(api, 2, 1)
+        assert response.status_code == 409
+        assert response.json()["reasons"]["null"] == (
+            "needs 2 nodes with 1 free device fitting it; 1 node has them (new); "
+            "old: no heartbeat for 90 s (agent TTL 60 s)"
+        )
+        assert json.dumps(place(api, 1, 1).json()["allocations"]).count("new") == 1
+        put_agent(api, "old", agent_body(H200_R570, 1))  # a heartbeat brings it back
+        assert place(api, 1, 1).json()["allocations"][0]["agent_id"] == "old"
+
+
+def test_only_reports_that_change_something_invalidate_the_pool(store: Store) -> None:
+    from sqlalchemy import select
+
+    from docker_variant.scheduler.documents import parse_agent_report
+    from docker_variant.scheduler.models import pool_version
+
+    def version() -> int:
+        with store.engine.connect() as conn:
+            return int(conn.execute(select(pool_version.c.version)).scalar_one())
+
+    body = agent_body(H200_R570, 2)
+    store.report_agent(parse_agent_report(body, "node"))
+    first = version()
+    assert len(store.snapshot().nodes[0].devices["cuda"]) == 2
+    store.report_agent(parse_agent_report(body, "node"))  # a plain heartbeat
+    assert version() == first
+    store.report_agent(parse_agent_report(agent_body(H200_R570, 3), "node"))
+    assert version() == first + 1
+    assert len(store.snapshot().nodes[0].devices["cuda"]) == 3
+    store.report_agent(parse_agent_report(agent_body(H200_R570, 3, group="other"), "node"))
+    assert version() == first + 2
+    assert store.snapshot("default").nodes == []
+
+
+def test_placement_gives_up_after_losing_every_race(
+    sqlite_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from docker_variant.scheduler.documents import parse_agent_report, parse_placement_request
+    from docker_variant.scheduler.placement import Refusal
+
+    sqlite_store.report_agent(parse_agent_report(agent_body(H200_R570, 2), "node"))
+    monkeypatch.setattr(sqlite_store, "attempts", 2)
+    monkeypatch.setattr(sqlite_store, "_commit", lambda *_args: False)  # always outraced
+    request = parse_placement_request({"index": INDEX, "nodes": 1, "devices_per_node": 1})
+    outcome = sqlite_store.place(VariantIndex.from_json(INDEX, "i"), request, lambda c: c.tag)
+    assert isinstance(outcome, Refusal)
+    assert outcome.reasons == {
+        "cu128": "the devices it was given were taken by concurrent placements 2 times in a "
+        "row; try again"
+    }

@@ -1,0 +1,104 @@
+"""``variant-scheduler``: argument errors (exit 2), a dead database (exit 3), a real serve."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from docker_variant.scheduler.__main__ import main
+from test_scheduler_support import H200_R570, INDEX, agent_body, free_port
+
+
+def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    err = capsys.readouterr().err
+    return code, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "the following arguments are required: COMMAND"),
+        (["start"], "invalid choice: 'start'"),
+        (["serve", "--db", "mysql://u@h/db"], "'mysql' is not supported"),
+        (["serve", "--db", "::nonsense"], "invalid database URL '::nonsense'"),
+        (["serve", "--db", "sqlite://"], "an in-memory SQLite database is private"),
+        (
+            ["serve", "--db", "sqlite:////no/such/dir/x.db"],
+            "directory '/no/such/dir' does not exist",
+        ),
+        (["serve", "--db", "postgresql+psycopg2://u:pw@h/db"], "use postgresql+psycopg://"),
+        (["serve", "--listen", "localhost"], "invalid listen address 'localhost'"),
+        (["serve", "--listen", "127.0.0.1:70000"], "port '70000' is not a number 0-65535"),
+        (["serve", "--agent-ttl", "soon"], "agent TTL 'soon' is not a number"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    os.chdir(tmp_path)  # the default database is ./variant-scheduler.db
+    code, err = run_main(argv, capsys)
+    assert code == 2
+    assert err.count("\n") == 1 and message in err, err
+    assert "pw" not in err
+
+
+def test_busy_port_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        db = f"sqlite:///{tmp_path / 's.db'}"
+        code, err = run_main(["serve", "--db", db, "--listen", f"127.0.0.1:{port}"], capsys)
+    assert code == 2
+    assert err.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in err
+
+
+def test_unreachable_database_exits_3_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"postgresql://scheduler:secret@127.0.0.1:{free_port()}/scheduler"
+    code, err = run_main(["serve", "--db", url], capsys)
+    assert code == 3
+    assert err.count("\n") == 1, err
+    assert "database postgresql+psycopg://scheduler:***@127.0.0.1" in err
+    assert "Connection refused" in err and "secret" not in err
+
+
+def test_serve_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    db = tmp_path / "scheduler.db"
+    argv = [sys.executable, "-m", "docker_variant.scheduler", "serve", "--db", f"sqlite:///{db}"]
+    argv += ["--listen", f"127.0.0.1:{port}", "--log-level", "warning"]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None and time.monotonic() < deadline, "did not start"
+            time.sleep(0.05)
+        httpx.put(f"{url}/v1/agents/node", json=agent_body(H200_R570, 2)).raise_for_status()
+        body = {"index": INDEX, "nodes": 1, "devices_per_node": 2}
+        placed = httpx.post(f"{url}/v1/placements", json=body)
+        assert placed.status_code == 201 and placed.json()["variant"] == "cu128"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=20)
+    # uvicorn shuts down gracefully, then re-raises SIGTERM, as servers conventionally do
+    assert process.returncode in (0, -signal.SIGTERM), err
+    assert b"Traceback" not in err
+    assert db.exists()
