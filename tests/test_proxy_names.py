@@ -17,10 +17,9 @@ import httpx
 import pytest
 
 from docker_variant.errors import InvalidInputError
-from docker_variant.proxy.__main__ import parse_listen
 from docker_variant.proxy.app import check_upstream_url
-from docker_variant.proxy.metrics import JsonFormatter
 from docker_variant.proxy.names import PathError, Route, RouteKind, parse_v2_path
+from docker_variant.serving import JsonFormatter, parse_listen
 from fakeupstream import FakeUpstream, Reply
 from proxyrunner import ProxyServer
 

@@ -7,12 +7,8 @@ exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
-import math
-import socket
 import sys
-from typing import NoReturn
 
 import uvicorn
 from starlette.applications import Starlette
@@ -25,59 +21,22 @@ from docker_variant.proxy.app import (
     check_upstream_url,
     create_app,
 )
-from docker_variant.proxy.metrics import JsonFormatter
+from docker_variant.serving import (
+    LOG_LEVELS,
+    ServerArgumentParser,
+    bind_socket,
+    configure_logging,
+    parse_listen,
+    seconds,
+)
 
-__all__ = ["main", "parse_listen", "server_config"]
+__all__ = ["main", "server_config"]
 
 DEFAULT_LISTEN = "127.0.0.1:5080"
-_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # one line, not argparse's usage block
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` or ``[IPv6]:PORT`` -> (host, port)."""
-    host, colon, port_text = text.rpartition(":")
-    if not colon or not host:
-        raise InvalidInputError(f"invalid listen address {text!r}: expected HOST:PORT")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError as exc:
-            raise InvalidInputError(f"invalid listen address {text!r}: {exc}") from exc
-    elif ":" in host:
-        raise InvalidInputError(
-            f"invalid listen address {text!r}: write an IPv6 host in brackets, e.g. [::1]:5080"
-        )
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise InvalidInputError(
-            f"invalid listen address {text!r}: port {port_text!r} is not a number 0-65535"
-        )
-    return host, int(port_text)
-
-
-def _seconds(what: str, minimum: float, strict: bool) -> type[float]:
-    def convert(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} {text!r} is not a number") from None
-        if not math.isfinite(value) or value < minimum or (strict and value == minimum):
-            bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-            raise argparse.ArgumentTypeError(f"{what} must be {bound} seconds, got {text!r}")
-        return value
-
-    convert.__name__ = what
-    return convert  # type: ignore[return-value]
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = ServerArgumentParser(
         prog="variant-proxy",
         description="OCI registry proxy that adds the PEP 817/825 _variants extension "
         "and X-Variant-Properties manifest resolution to an upstream registry.",
@@ -91,47 +50,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--cache-ttl",
-        type=_seconds("cache TTL", 0, strict=False),
+        type=seconds("cache TTL", 0, strict=False),
         default=DEFAULT_CACHE_TTL,
         metavar="SECONDS",
         help="how long an index may be served from the cache (default %(default)g; 0: never)",
     )
     parser.add_argument(
         "--upstream-timeout",
-        type=_seconds("upstream timeout", 0, strict=True),
+        type=seconds("upstream timeout", 0, strict=True),
         default=DEFAULT_UPSTREAM_TIMEOUT,
         metavar="SECONDS",
         help="deadline for an index scan and for upstream response headers "
         "(default %(default)g; blob bodies are never timed)",
     )
     parser.add_argument(
-        "--log-level", choices=_LOG_LEVELS, default="info", help="default %(default)s"
+        "--log-level", choices=LOG_LEVELS, default="info", help="default %(default)s"
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
-
-
-def _configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    # httpx logs every upstream request at INFO; the access log already has one line each
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
 
 
 def server_config(app: Starlette, log_level: str = "info") -> uvicorn.Config:
@@ -157,12 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     except InvalidInputError as exc:
         parser.error(str(exc))
     try:
-        sock = _bind(host, port)
+        sock = bind_socket(host, port)
     except (OSError, OverflowError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         parser.error(f"cannot listen on {args.listen}: {reason}")
 
-    _configure_logging(args.log_level)
+    configure_logging(args.log_level)
     app = create_app(upstream, args.cache_ttl, upstream_timeout=args.upstream_timeout)
     config = server_config(app, args.log_level)
     bound = sock.getsockname()

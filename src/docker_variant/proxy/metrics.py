@@ -6,11 +6,9 @@ do not collide on metric names.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from email.utils import formatdate
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -18,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from docker_variant.proxy.names import PathError, RouteKind, parse_v2_path
 
-__all__ = ["CONTENT_TYPE_LATEST", "AccessLog", "JsonFormatter", "ProxyMetrics", "route_kind"]
+__all__ = ["CONTENT_TYPE_LATEST", "AccessLog", "ProxyMetrics", "route_kind"]
 
 ACCESS_LOGGER = "docker_variant.proxy.access"
 
@@ -80,27 +78,6 @@ def route_kind(scope: Scope) -> RouteKind:
         return parse_v2_path(raw.decode("latin-1") if isinstance(raw, bytes) else path).kind
     except PathError:
         return RouteKind.INVALID
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line; request fields come in through ``extra={"fields": ...}``."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-        }
-        fields = getattr(record, "fields", None)
-        if isinstance(fields, dict):
-            entry.update(fields)
-        else:
-            entry["message"] = record.getMessage()
-        if record.exc_info:
-            text = self.formatException(record.exc_info)
-            entry["error"] = text.splitlines()[-1]
-            entry["traceback"] = text  # still one line: JSON escapes the newlines
-        return json.dumps(entry, sort_keys=True)
 
 
 class AccessLog:

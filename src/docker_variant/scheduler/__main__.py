@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
-import socket
 import sys
-from typing import NoReturn
 
 import uvicorn
 from sqlalchemy import exc as sa_exc
@@ -21,36 +18,26 @@ from sqlalchemy import exc as sa_exc
 from docker_variant import __version__
 from docker_variant.errors import InvalidInputError
 from docker_variant.oci.errors import one_line
-from docker_variant.proxy.__main__ import parse_listen
-from docker_variant.proxy.metrics import JsonFormatter
 from docker_variant.scheduler.app import create_app
 from docker_variant.scheduler.database import DEFAULT_DB_URL, DatabaseUnavailableError
 from docker_variant.scheduler.store import Store
+from docker_variant.serving import (
+    LOG_LEVELS,
+    ServerArgumentParser,
+    bind_socket,
+    configure_logging,
+    parse_listen,
+    seconds,
+)
 
 __all__ = ["DEFAULT_LISTEN", "main"]
 
 DEFAULT_LISTEN = "127.0.0.1:5090"
 DB_ENV = "VARIANT_SCHEDULER_DB"
-_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"agent TTL {text!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"agent TTL must be >= 0 seconds, got {text!r}")
-    return value
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = ServerArgumentParser(
         prog="variant-scheduler",
         description="Agent-device variant registry and matcher: places one variant of an "
         "image on nodes whose devices fit it (PEP 817/825 wheel variants for containers).",
@@ -73,37 +60,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--agent-ttl",
-        type=_seconds,
+        type=seconds("agent TTL", 0, strict=False),
         default=0.0,
         metavar="SECONDS",
         help="leave out agents without a heartbeat for this long (default 0: never)",
     )
     serve.add_argument(
-        "--log-level", choices=_LOG_LEVELS, default="info", help="default %(default)s"
+        "--log-level", choices=LOG_LEVELS, default="info", help="default %(default)s"
     )
     return parser
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
-
-
-def _configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,13 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"variant-scheduler: error: {one_line(str(exc))}\n")
         return 3
     try:
-        sock = _bind(host, port)
+        sock = bind_socket(host, port)
     except (OSError, OverflowError) as exc:
         store.close()
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         parser.error(f"cannot listen on {args.listen}: {reason}")
 
-    _configure_logging(args.log_level)
+    configure_logging(args.log_level)
     bound = sock.getsockname()
     logging.getLogger("docker_variant.scheduler").info(
         "variant-scheduler %s on %s:%s, database %s", __version__, bound[0], bound[1], store.url
