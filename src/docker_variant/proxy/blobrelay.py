@@ -19,16 +19,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import cast
 
-import anyio
 import httptools
 import httpx
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
 
 from docker_variant import __version__
 from docker_variant.proxy.names import Route
-from docker_variant.proxy.passthrough import Upstream, cancel_on_disconnect, proxy_base_url
+from docker_variant.proxy.passthrough import StreamedResponse, Upstream, proxy_base_url
 from docker_variant.proxy.responses import oci_error
 
 __all__ = ["BlobRelay"]
@@ -89,6 +87,9 @@ class _Upstream(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+    async def aclose(self) -> None:
+        self.close()
 
 
 @dataclass
@@ -175,7 +176,9 @@ class BlobRelay:
             if framed is not None and not chunked
             else _parsed(upstream, parser, head)
         )
-        return RelayedResponse(status, headers, body, upstream)
+        return StreamedResponse(
+            status, headers, body, upstream.aclose, (OSError, httptools.HttpParserError), what
+        )
 
 
 def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
@@ -215,43 +218,3 @@ async def _parsed(
         if not data:
             return
         parser.feed_data(data)
-
-
-class RelayedResponse(Response):
-    def __init__(
-        self,
-        status: int,
-        headers: list[tuple[bytes, bytes]],
-        body: AsyncIterator[bytes],
-        upstream: _Upstream,
-    ) -> None:
-        self.status_code = status
-        self.raw_headers = headers
-        self.background = None
-        self._body = body
-        self._upstream = upstream
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": self.status_code,
-                    "headers": self.raw_headers,
-                }
-            )
-            async with anyio.create_task_group() as group:
-                # A caller that hangs up mid-blob stops the upstream read at once.
-                group.start_soon(cancel_on_disconnect, receive, group.cancel_scope)
-                try:
-                    async for chunk in self._body:
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                except (OSError, httptools.HttpParserError):
-                    # Too late for an error status: leave the response incomplete, so the
-                    # server drops the connection and the caller sees a short body.
-                    group.cancel_scope.cancel()
-                    return
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-                group.cancel_scope.cancel()
-        finally:
-            self._upstream.close()

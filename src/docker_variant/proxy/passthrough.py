@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 
 import anyio
@@ -29,8 +29,8 @@ from docker_variant.proxy.responses import oci_error
 
 __all__ = [
     "BorrowedTransport",
+    "StreamedResponse",
     "Upstream",
-    "UpstreamResponse",
     "cancel_on_disconnect",
     "proxy_base_url",
 ]
@@ -101,17 +101,30 @@ class BorrowedTransport(httpx.AsyncBaseTransport):
         pass
 
 
-class UpstreamResponse(Response):
-    """Streams an upstream answer down, closing it however the exchange ends."""
+class StreamedResponse(Response):
+    """Streams an upstream answer's body down, closing the upstream however the exchange ends.
+
+    ``chunks`` is ``None`` for an answer without a body (HEAD, 204, 304). A failure mid-body
+    (one of ``errors``) is too late for an error status: the response is left incomplete, so
+    the server drops the connection and the caller sees a short body, not a silent one.
+    """
 
     def __init__(
-        self, upstream: httpx.Response, headers: list[tuple[bytes, bytes]], *, body: bool
+        self,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        chunks: AsyncIterator[bytes] | None,
+        close: Callable[[], Awaitable[None]],
+        errors: tuple[type[BaseException], ...],
+        what: str,
     ) -> None:
-        self.status_code = upstream.status_code
+        self.status_code = status
         self.raw_headers = headers
         self.background = None
-        self._upstream = upstream
-        self._send_body = body and upstream.status_code not in (204, 304)
+        self._chunks = chunks if status not in (204, 304) else None
+        self._close = close
+        self._errors = errors
+        self._what = what
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -122,31 +135,22 @@ class UpstreamResponse(Response):
                     "headers": self.raw_headers,
                 }
             )
-            if not self._send_body:
+            if self._chunks is None:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
             async with anyio.create_task_group() as group:
                 # A caller that hangs up mid-blob stops the upstream read at once.
                 group.start_soon(cancel_on_disconnect, receive, group.cancel_scope)
-                if await self._stream(send):
+                try:
+                    async for chunk in self._chunks:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                except self._errors as exc:
+                    log.warning("upstream failed mid-body: %s", one_line(f"{self._what}: {exc!r}"))
+                else:
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                 group.cancel_scope.cancel()
         finally:
-            await self._upstream.aclose()
-
-    async def _stream(self, send: Send) -> bool:
-        try:
-            async for chunk in self._upstream.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.HTTPError as exc:
-            # Too late for an error status: leave the response incomplete, so the server
-            # drops the connection and the caller sees a short body, not a silent one.
-            log.warning(
-                "upstream failed mid-body: %s",
-                one_line(f"{self._upstream.request.url}: {exc!r}"),
-            )
-            return False
-        return True
+            await self._close()
 
 
 async def cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
@@ -289,7 +293,14 @@ class Upstream:
         headers_out = self.response_headers(
             response.headers.raw, proxy_base_url(request.scope), extra_headers
         )
-        return UpstreamResponse(response, headers_out, body=method != "HEAD")
+        return StreamedResponse(
+            response.status_code,
+            headers_out,
+            response.aiter_raw() if method != "HEAD" else None,
+            response.aclose,
+            (httpx.HTTPError,),
+            f"{method} {response.request.url}",
+        )
 
     async def check_pull(
         self, name: str, tag: str | None, authorization: str | None, proxy_base: str
