@@ -33,14 +33,13 @@ from typing import Any
 from unittest import mock
 
 import httpx
-from variantlib.models.variant import VariantProperty
 from variantlib.resolver import lib as resolver_lib
-from variantlib.resolver.lib import sort_and_filter_supported_variants
 
+from baseline import variantlib_order
 from docker_variant.providers.nvidia import nvidia_features
 from docker_variant.scheduler.documents import AgentReport
 from docker_variant.scheduler.placement import Judge, Plan, Pool, build_pool, plan
-from docker_variant.variant import SupportedLists, Variant, VariantIndex
+from docker_variant.variant import Variant, VariantIndex
 
 # (CUDA of the driver, compute capability): H200 R570/R580, A100 R535, B200 R580, L4, H100 R550
 KINDS = [((12, 8), (9, 0)), ((13, 0), (9, 0)), ((12, 2), (8, 0)), ((13, 0), (10, 0))]
@@ -97,23 +96,6 @@ def ours(index: VariantIndex, pool: Pool) -> tuple[list[list[str]], int]:
     return result, len(judge.classes)
 
 
-def with_variantlib(index: VariantIndex, lists: SupportedLists) -> list[str]:
-    order = index.namespace_order
-    supported = [
-        VariantProperty(ns, f, v)
-        for ns in order
-        if ns in lists
-        for f, vs in lists[ns].items()
-        for v in vs
-    ]
-    vdescs = [v.to_description() for _, v in sorted(index.variants.items())]
-    used = [ns for ns in order if ns in lists]
-    result = sort_and_filter_supported_variants(
-        vdescs, supported, namespace_priorities=used, filter_values=True
-    )
-    return [d.label for d in result if d.label != "null"]
-
-
 def matching(agents: int, sample: int) -> None:
     index = make_index()
     pool = build_pool(make_reports(agents))
@@ -130,7 +112,7 @@ def matching(agents: int, sample: int) -> None:
         for i in picks:
             host, profile = devices[i]
             merged = {**pool.profiles[host], **pool.profiles[profile]}
-            assert with_variantlib(index, merged) == ranked[i], f"parity broken on device {i}"
+            assert variantlib_order(index, merged) == ranked[i], f"parity broken on device {i}"
         return (time.perf_counter() - started) / sample
 
     t_lib_each = per_device()

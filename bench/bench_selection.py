@@ -16,9 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from variantlib.models.variant import VariantProperty
-from variantlib.resolver.lib import sort_and_filter_supported_variants
-
+from baseline import variantlib_order
 from docker_variant.providers.nvidia import nvidia_features
 from docker_variant.variant import SupportedLists, Variant, VariantIndex, select
 
@@ -66,22 +64,6 @@ def make_index(count: int, seed: int = 7) -> VariantIndex:
     return VariantIndex(["nvidia", "acme_npu", "x86_64"], variants)
 
 
-def with_variantlib(index: VariantIndex, host: SupportedLists) -> list[str]:
-    order = index.namespace_order
-    supported = [
-        VariantProperty(ns, f, v)
-        for ns in order
-        if ns in host
-        for f, vs in host[ns].items()
-        for v in vs
-    ]
-    vdescs = [v.to_description() for _, v in sorted(index.variants.items())]
-    result = sort_and_filter_supported_variants(
-        vdescs, supported, namespace_priorities=list(order), filter_values=True
-    )
-    return [d.label for d in result if d.label != "null"]  # variantlib adds a null variant
-
-
 def timed(fn: Callable[[], object], repeat: int) -> float:
     samples = []
     for _ in range(repeat):
@@ -95,10 +77,10 @@ def main() -> None:
     host = rich_host()
     index = make_index(1000)
     ours = [c.label for c in select(index, host).ranked]
-    theirs = with_variantlib(index, host)
+    theirs = variantlib_order(index, host)
     assert ours == theirs, "parity broken: the benchmark would compare different answers"
     t_ours = timed(lambda: select(index, host), 15)
-    t_lib = timed(lambda: with_variantlib(index, host), 5)
+    t_lib = timed(lambda: variantlib_order(index, host), 5)
     print(f"selection of 1,000 variants ({len(ours)} compatible) on a rich host")
     print(f"  docker_variant.select        {t_ours * 1e3:8.2f} ms")
     print(f"  variantlib sort_and_filter   {t_lib * 1e3:8.2f} ms")
