@@ -1,0 +1,82 @@
+"""`ls`/`resolve` on a registry that needs credentials: they come from Docker's config.json,
+and a refusal or a dead registry is exit 3 with one line (SPEC section 7)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+
+from conftest import RunningRegistry
+from imaging import ImageBuilder
+
+pytestmark = pytest.mark.e2e
+
+H200 = {
+    "nvidia": {"cuda_version_lower_bound": ["12.8", "12.6"], "sm_arch": ["90_real", "90_virtual"]}
+}
+
+
+def cli(*args: str, docker_config: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "NV_VARIANT"))}
+    env |= {"DOCKER_CONFIG": str(docker_config), "XDG_CACHE_HOME": str(tmp / "cache")}
+    return subprocess.run(
+        [sys.executable, "-m", "docker_variant", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def test_credentials_from_docker_config(
+    htpasswd_registry: Callable[[Mapping[str, str]], RunningRegistry],
+    image_builder: ImageBuilder,
+    tmp_path: Path,
+) -> None:
+    private = htpasswd_registry({"alice": "wonderland"})
+    creds = ("alice", "wonderland")
+    labels = {
+        "dev.pep817.variant-label": "cu128",
+        "dev.pep817.variant.nvidia.cuda_version_lower_bound": "12.8",
+    }
+    image_builder.build_and_push(f"{private.host}/cli/app:1.0.0-cu128", labels, creds=creds)
+    image_builder.build_and_push(
+        f"{private.host}/cli/app:1.0.0-null", {"dev.pep817.variant-label": "null"}, creds=creds
+    )
+    providers = tmp_path / "h200.json"
+    providers.write_text(json.dumps(H200))
+    ref = f"{private.host}/cli/app:1.0.0"
+
+    good = tmp_path / "good"
+    good.mkdir()
+    auth = base64.b64encode(b"alice:wonderland").decode()
+    (good / "config.json").write_text(json.dumps({"auths": {private.host: {"auth": auth}}}))
+    result = cli(
+        "resolve", "--providers-file", str(providers), ref, docker_config=good, tmp=tmp_path
+    )
+    assert (result.returncode, result.stdout) == (0, f"{ref}-cu128\n"), result.stderr
+
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    bad = base64.b64encode(b"alice:rabbit").decode()
+    (wrong / "config.json").write_text(json.dumps({"auths": {private.host: {"auth": bad}}}))
+    none = tmp_path / "none"
+    none.mkdir()
+    for config in (wrong, none):
+        refused = cli(
+            "ls", "--providers-file", str(providers), ref, docker_config=config, tmp=tmp_path
+        )
+        assert refused.returncode == 3, refused.stderr
+        assert "401" in refused.stderr and "Traceback" not in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+
+    private.service.stop()
+    down = cli("resolve", "--providers-file", str(providers), ref, docker_config=good, tmp=tmp_path)
+    assert down.returncode == 3 and "unreachable" in down.stderr and "Traceback" not in down.stderr
