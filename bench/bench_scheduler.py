@@ -21,10 +21,7 @@ import argparse
 import asyncio
 import importlib.metadata
 import random
-import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -36,6 +33,7 @@ import httpx
 from variantlib.resolver import lib as resolver_lib
 
 from baseline import variantlib_order
+from docker_variant import devstack
 from docker_variant.providers.nvidia import nvidia_features
 from docker_variant.scheduler.documents import AgentReport
 from docker_variant.scheduler.placement import Judge, Plan, Pool, build_pool, plan
@@ -213,26 +211,11 @@ async def http_figures(url: str, agents: int, placements: int) -> None:
 
 def serving(agents: int, placements: int) -> None:
     with tempfile.TemporaryDirectory(prefix="dv-bench-") as tmp:
-        port = free_port()
-        argv = [sys.executable, "-m", "docker_variant.scheduler", "serve", "--log-level", "warning"]
-        argv += ["--db", f"sqlite:///{Path(tmp) / 'bench.db'}", "--listen", f"127.0.0.1:{port}"]
-        process = subprocess.Popen(argv, stderr=subprocess.PIPE)
-        url = f"http://127.0.0.1:{port}"
+        scheduler = devstack.start_scheduler(Path(tmp))
         try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"variant-scheduler did not start: {process.stderr}")
-                time.sleep(0.05)
-            asyncio.run(http_figures(url, agents, placements))
+            asyncio.run(http_figures(scheduler.url, agents, placements))
         finally:
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=20)
+            scheduler.stop()
 
 
 def main() -> None:

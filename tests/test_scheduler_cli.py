@@ -5,14 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from docker_variant import devstack
 from docker_variant.scheduler.__main__ import main
 from test_scheduler_support import H200_R570, INDEX, agent_body, free_port
 
@@ -75,30 +73,18 @@ def test_unreachable_database_exits_3_with_one_line(capsys: pytest.CaptureFixtur
 
 
 def test_serve_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
-    port = free_port()
-    db = tmp_path / "scheduler.db"
-    argv = [sys.executable, "-m", "docker_variant.scheduler", "serve", "--db", f"sqlite:///{db}"]
-    argv += ["--listen", f"127.0.0.1:{port}", "--log-level", "warning"]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    scheduler = devstack.start_scheduler(tmp_path)
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None and time.monotonic() < deadline, "did not start"
-            time.sleep(0.05)
+        url = scheduler.url
         httpx.put(f"{url}/v1/agents/node", json=agent_body(H200_R570, 2)).raise_for_status()
         body = {"index": INDEX, "nodes": 1, "devices_per_node": 2}
         placed = httpx.post(f"{url}/v1/placements", json=body)
         assert placed.status_code == 201 and placed.json()["variant"] == "cu128"
     finally:
-        process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=20)
+        scheduler.process.send_signal(signal.SIGTERM)
+        scheduler.process.wait(timeout=20)
     # uvicorn shuts down gracefully, then re-raises SIGTERM, as servers conventionally do
-    assert process.returncode in (0, -signal.SIGTERM), err
-    assert b"Traceback" not in err
+    assert scheduler.process.returncode in (0, -signal.SIGTERM), scheduler.log_tail()
+    assert "Traceback" not in scheduler.log_tail(100_000)
+    db = tmp_path / "scheduler.db"
     assert db.exists()

@@ -31,6 +31,7 @@ __all__ = [
     "start_dockerd",
     "start_proxy",
     "start_registry",
+    "start_scheduler",
 ]
 
 
@@ -156,6 +157,23 @@ def start_proxy(upstream: str, root: Path, cache_ttl: float = 30, timeout: float
     process, log = _spawn("proxy", argv, root)
     service = Service("variant-proxy", process, f"127.0.0.1:{port}", root, log)
     return _wait(service, _http_ready(f"{service.url}/healthz"), timeout)
+
+
+def start_scheduler(root: Path, db_url: str | None = None, timeout: float = 20) -> Service:
+    """``variant-scheduler serve`` on a free loopback port (SQLite under ``root`` by default)."""
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "docker_variant.scheduler", "serve", "--log-level", "warning",
+        "--db", db_url or f"sqlite:///{root / 'scheduler.db'}", "--listen", f"127.0.0.1:{port}",
+    ]  # fmt: skip
+    process, log = _spawn("scheduler", argv, root)
+    service = Service("variant-scheduler", process, f"127.0.0.1:{port}", root, log)
+
+    def ready() -> bool:
+        return httpx.get(f"{service.url}/healthz", timeout=1).status_code == 200
+
+    return _wait(service, ready, timeout)
 
 
 def start_dockerd(root: Path, timeout: float = 60) -> Service:
