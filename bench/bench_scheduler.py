@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import importlib.metadata
 import random
-import socket
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -145,13 +144,6 @@ def matching(agents: int, sample: int) -> None:
 
 
 # --------------------------------------------------------------------------- HTTP
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def rate(count: int, workers: int, call: Callable[[int], Awaitable[None]]) -> float:

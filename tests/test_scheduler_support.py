@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import uvicorn
 
+from docker_variant.devstack import free_port
 from docker_variant.providers.nvidia import nvidia_features
 from docker_variant.scheduler import Store, create_app
 from docker_variant.scheduler.app import IndexFetcher
@@ -107,13 +108,6 @@ def gpu_only_index() -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- servers
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class SchedulerServer:
