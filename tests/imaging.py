@@ -22,6 +22,13 @@ OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 
 
+def variant_labels(label: str, **props: str) -> dict[str, str]:
+    """Image labels for a variant: ``variant_labels("cu128", nvidia__sm_arch="90_real")``."""
+    labels = {"dev.pep817.variant-label": label}
+    labels.update({f"dev.pep817.variant.{k.replace('__', '.')}": v for k, v in props.items()})
+    return labels
+
+
 def _run(*args: str | Path) -> None:
     done = subprocess.run([str(a) for a in args], capture_output=True, text=True, check=False)
     if done.returncode != 0:

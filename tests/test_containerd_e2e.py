@@ -19,20 +19,12 @@ import pytest
 from conftest import RunningRegistry
 from docker_variant import devstack
 from docker_variant.providers.nvidia import nvidia_features
-from imaging import ImageBuilder
+from imaging import ImageBuilder, variant_labels
 
 pytestmark = pytest.mark.e2e
 REPO = "ctrd/app"
 H200 = {"nvidia": nvidia_features((12, 8), (9, 0)), "x86_64": {"level": ["v4", "v3", "v2", "v1"]}}
 OLD_CPU = {"x86_64": {"level": ["v2", "v1"]}}
-
-
-def variant(label: str, **props: str) -> dict[str, str]:
-    labels = {"dev.pep817.variant-label": label}
-    for key, value in props.items():
-        namespace, feature = key.split("__")
-        labels[f"dev.pep817.variant.{namespace}.{feature}"] = value
-    return labels
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +52,11 @@ def proxy(
 @pytest.fixture(scope="module")
 def digests(registry: RunningRegistry, image_builder: ImageBuilder) -> dict[str, str]:
     pushed = {
-        "cu128": variant(
+        "cu128": variant_labels(
             "cu128", nvidia__cuda_version_lower_bound="12.8", nvidia__sm_arch="90_real"
         ),
-        "v3": variant("v3", x86_64__level="v3"),
-        "null": variant("null"),
+        "v3": variant_labels("v3", x86_64__level="v3"),
+        "null": variant_labels("null"),
     }
     found = {
         label: image_builder.build_and_push(f"{registry.host}/{REPO}:1.0.0-{label}", labels)

@@ -15,30 +15,22 @@ import yaml
 
 from conftest import RunningRegistry
 from docker_variant.oci.source import fetch_index
-from imaging import ImageBuilder
+from imaging import ImageBuilder, variant_labels
 from k8s_cel_env import first_available, nvidia_gpu
 
 pytestmark = pytest.mark.e2e
 REPO = "k8s/team/app"
 
 
-def labels(label: str, **props: str) -> dict[str, str]:
-    result = {"dev.pep817.variant-label": label}
-    for key, value in props.items():
-        namespace, feature = key.split("__")
-        result[f"dev.pep817.variant.{namespace}.{feature}"] = value
-    return result
-
-
 @pytest.fixture(scope="module")
 def pushed(registry: RunningRegistry, image_builder: ImageBuilder) -> str:
     images = {
-        "cu128": labels(
+        "cu128": variant_labels(
             "cu128", nvidia__cuda_version_lower_bound="12.8", nvidia__sm_arch="90_real"
         ),
-        "cu126": labels("cu126", nvidia__cuda_version_lower_bound="12.6"),
-        "v3": labels("v3", x86_64__level="v3"),
-        "null": labels("null"),
+        "cu126": variant_labels("cu126", nvidia__cuda_version_lower_bound="12.6"),
+        "v3": variant_labels("v3", x86_64__level="v3"),
+        "null": variant_labels("null"),
     }
     for label, image_labels in images.items():
         image_builder.build_and_push(f"{registry.host}/{REPO}:1.0.0-{label}", image_labels)

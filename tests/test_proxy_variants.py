@@ -16,7 +16,14 @@ from conftest import RunningRegistry
 from docker_variant.oci import RegistryClient, scan_index_sync
 from docker_variant.variant import VariantIndex, select
 from fakeupstream import FakeUpstream, Reply, Seen
-from imaging import OCI_MANIFEST, ImageBuilder, push_raw_image, raw_manifest, sha256_digest
+from imaging import (
+    OCI_MANIFEST,
+    ImageBuilder,
+    push_raw_image,
+    raw_manifest,
+    sha256_digest,
+    variant_labels,
+)
 from proxyrunner import ProxyServer
 
 pytestmark = pytest.mark.e2e
@@ -24,12 +31,6 @@ pytestmark = pytest.mark.e2e
 REPO = "pv/app"
 ACCEPT = {"Accept": f"{OCI_MANIFEST}, application/vnd.oci.image.index.v1+json"}
 ORDER = "dev.pep817.default-priorities.namespace"
-
-
-def _variant(label: str, **props: str) -> dict[str, str]:
-    labels = {"dev.pep817.variant-label": label}
-    labels.update({f"dev.pep817.variant.{k.replace('__', '.')}": v for k, v in props.items()})
-    return labels
 
 
 def _expected(base_url: str, repository: str, version: str, **kwargs: Any) -> bytes:
@@ -46,22 +47,25 @@ def images(registry: RunningRegistry, image_builder: ImageBuilder) -> dict[str, 
         "1.0.0": image_builder.build_and_push(f"{dest}:1.0.0", {}, layers=2),
         "1.0.0-cu128": image_builder.build_and_push(
             f"{dest}:1.0.0-cu128",
-            {**_variant("cu128", nvidia__cuda_version_lower_bound="12.8"), ORDER: "nvidia,x86_64"},
+            {
+                **variant_labels("cu128", nvidia__cuda_version_lower_bound="12.8"),
+                ORDER: "nvidia,x86_64",
+            },
         ),
         "1.0.0-cu126": image_builder.build_and_push(
-            f"{dest}:1.0.0-cu126", _variant("cu126", nvidia__cuda_version_lower_bound="12.6")
+            f"{dest}:1.0.0-cu126", variant_labels("cu126", nvidia__cuda_version_lower_bound="12.6")
         ),
         "1.0.0-v3": image_builder.build_and_push(
-            f"{dest}:1.0.0-v3", _variant("v3", x86_64__level="v3")
+            f"{dest}:1.0.0-v3", variant_labels("v3", x86_64__level="v3")
         ),
-        "1.0.0-null": image_builder.build_and_push(f"{dest}:1.0.0-null", _variant("null")),
+        "1.0.0-null": image_builder.build_and_push(f"{dest}:1.0.0-null", variant_labels("null")),
         "1.0.0-bad": image_builder.build_and_push(
-            f"{dest}:1.0.0-bad", _variant("bad", nvidia__sm_arch="9.0 ")
+            f"{dest}:1.0.0-bad", variant_labels("bad", nvidia__sm_arch="9.0 ")
         ),
         # another version that shares the prefix: not part of 1.0.0
         "1.0.0-ubuntu24.04": image_builder.build_and_push(f"{dest}:1.0.0-ubuntu24.04", {}),
         "2.0-cu128": image_builder.build_and_push(
-            f"{dest}:2.0-cu128", _variant("cu128", nvidia__cuda_version_lower_bound="12.8")
+            f"{dest}:2.0-cu128", variant_labels("cu128", nvidia__cuda_version_lower_bound="12.8")
         ),
         "plain": image_builder.build_and_push(f"{dest}:plain", {}),
     }
@@ -259,12 +263,12 @@ def test_manifest_put_and_delete_through_the_proxy_invalidate(
 ) -> None:
     repo = "pv/inval"
     image_builder.build_and_push(
-        f"{registry.host}/{repo}:2.0-cu128", _variant("cu128", nvidia__sm_arch="90_real")
+        f"{registry.host}/{repo}:2.0-cu128", variant_labels("cu128", nvidia__sm_arch="90_real")
     )
     assert _labels_of(proxy, repo, "2.0") == {"cu128"}
     # pushed behind the proxy's back: the long TTL keeps the cached index
     behind = image_builder.build_and_push(
-        f"{registry.host}/{repo}:2.0-cpu", _variant("cpu", x86_64__level="v1")
+        f"{registry.host}/{repo}:2.0-cpu", variant_labels("cpu", x86_64__level="v1")
     )
     assert _labels_of(proxy, repo, "2.0") == {"cu128"}
     # `Cache-Control: no-cache` (what `docker variant push` sends) forces a fresh scan
@@ -274,11 +278,11 @@ def test_manifest_put_and_delete_through_the_proxy_invalidate(
     deleted = httpx.delete(f"{proxy.url}/v2/{repo}/manifests/{behind}")
     assert deleted.status_code == 202
     behind = image_builder.build_and_push(
-        f"{registry.host}/{repo}:2.0-cpu", _variant("cpu", x86_64__level="v1")
+        f"{registry.host}/{repo}:2.0-cpu", variant_labels("cpu", x86_64__level="v1")
     )
     # pushed through the proxy: seen at once
     image_builder.build_and_push(
-        f"{proxy.host}/{repo}:2.0-cu126", _variant("cu126", nvidia__sm_arch="80_real")
+        f"{proxy.host}/{repo}:2.0-cu126", variant_labels("cu126", nvidia__sm_arch="80_real")
     )
     assert _labels_of(proxy, repo, "2.0") == {"cu128", "cpu", "cu126"}
     # a manifest DELETE through the proxy too
@@ -299,11 +303,13 @@ def test_manifest_put_and_delete_through_the_proxy_invalidate(
 
 def test_bounded_staleness(registry: RunningRegistry, image_builder: ImageBuilder) -> None:
     repo = "pv/stale"
-    image_builder.build_and_push(f"{registry.host}/{repo}:1-a", _variant("a", x86_64__level="v1"))
+    image_builder.build_and_push(
+        f"{registry.host}/{repo}:1-a", variant_labels("a", x86_64__level="v1")
+    )
     with ProxyServer(registry.url, cache_ttl=0.5) as proxy:
         assert _labels_of(proxy, repo, "1") == {"a"}
         image_builder.build_and_push(
-            f"{registry.host}/{repo}:1-b", _variant("b", x86_64__level="v2")
+            f"{registry.host}/{repo}:1-b", variant_labels("b", x86_64__level="v2")
         )
         time.sleep(0.6)
         assert _labels_of(proxy, repo, "1") == {"a", "b"}
@@ -329,7 +335,7 @@ def auth_setup(
     for label, value in (("cu128", "12.8"), ("cu126", "12.6")):
         image_builder.build_and_push(
             f"{upstream.host}/secret/app:1.0-{label}",
-            _variant(label, nvidia__cuda_version_lower_bound=value),
+            variant_labels(label, nvidia__cuda_version_lower_bound=value),
             creds=creds,
         )
     with ProxyServer(upstream.url, cache_ttl=3600) as proxy:
@@ -382,7 +388,7 @@ GOOD_CONFIG = json.dumps(
     {
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Labels": _variant("cu128", nvidia__cuda_version_lower_bound="12.8")},
+        "config": {"Labels": variant_labels("cu128", nvidia__cuda_version_lower_bound="12.8")},
     }
 ).encode()
 
