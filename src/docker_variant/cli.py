@@ -10,7 +10,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import click
 import typer
@@ -28,6 +28,11 @@ from docker_variant.variant import (
     parse_property,
     select,
 )
+
+if (
+    TYPE_CHECKING
+):  # the oci package pulls in httpx: only the commands that talk to registries load it
+    from docker_variant.oci.reference import Reference
 
 app = typer.Typer(
     name="docker-variant",
@@ -179,7 +184,7 @@ class Target:
     """What ls/resolve/pull work on: an index, and the reference it came from if any."""
 
     index: VariantIndex
-    reference: Any = None  # an oci.Reference; None for --index
+    reference: Reference | None = None  # None for --index
 
     def describe(self) -> str:
         return str(self.reference) if self.reference is not None else "the index"
@@ -267,7 +272,7 @@ def resolve(
         sys.stdout.write(chosen + "\n")
 
 
-def _chosen_message(best: Candidate, reference: Any) -> str:
+def _chosen_message(best: Candidate, reference: Reference) -> str:
     what = f'variant "{best.label}"' if best.label else "the bare image"
     return f"Selected {what} of {reference.name} version {reference.tag}"
 
