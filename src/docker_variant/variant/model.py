@@ -28,6 +28,7 @@ __all__ = [
     "ACCELERATOR_FIRST_CPU_NAMESPACES",
     "MAX_LABEL_LENGTH",
     "NULL_LABEL",
+    "NVIDIA_FEATURES",
     "Property",
     "SupportedLists",
     "Variant",
@@ -48,10 +49,13 @@ SupportedLists = dict[str, dict[str, list[str]]]
 #: CPU namespaces rank after accelerator namespaces when no image states an order.
 ACCELERATOR_FIRST_CPU_NAMESPACES = frozenset({"x86_64", "aarch64"})
 
+#: The NVIDIA provider's features, in its own order.
+NVIDIA_FEATURES = ("cuda_version_lower_bound", "cuda_version_upper_bound", "sm_arch")
+
 # What the built-in providers declare (SPEC section 4). Only these features may carry
 # several values; features of namespaces without a built-in provider are taken as declared.
 _BUILTIN_FEATURES: dict[str, frozenset[str] | None] = {
-    "nvidia": frozenset({"cuda_version_lower_bound", "cuda_version_upper_bound", "sm_arch"}),
+    "nvidia": frozenset(NVIDIA_FEATURES),
     "x86_64": None,  # the plugin's flag list changes between releases: not checked here
     "aarch64": None,
 }

@@ -13,12 +13,10 @@ import re
 from collections.abc import Iterable
 
 from docker_variant.variant.index import VariantIndex
-from docker_variant.variant.model import SupportedLists
+from docker_variant.variant.model import NVIDIA_FEATURES, SupportedLists
 
-__all__ = ["NVIDIA_FEATURES", "cuda_value", "newest_first", "sm_arch_value", "virtual_host"]
+__all__ = ["cuda_value", "newest_first", "sm_arch_value", "virtual_host"]
 
-#: The NVIDIA provider's features, in its own order (the virtual host keeps it).
-NVIDIA_FEATURES = ("cuda_version_lower_bound", "cuda_version_upper_bound", "sm_arch")
 
 _NUMBER = r"(0|[1-9][0-9]*)"  # as the provider writes numbers: no leading zeros
 _CUDA_RE = re.compile(rf"{_NUMBER}(?:\.{_NUMBER})?")
