@@ -69,6 +69,7 @@ def scanned_repo(registry: RunningRegistry, image_builder: ImageBuilder) -> dict
     digests["1.0.0-gh200"] = push_index(
         registry.url, "scan/app", "1.0.0-gh200", [(arm, "linux", "arm64"), (amd, "linux", "amd64")]
     )
+    digests["gh200-amd"], digests["gh200-arm"] = amd, arm
     return digests
 
 
@@ -89,10 +90,15 @@ def test_scan_version_index(registry: RunningRegistry, scanned_repo: dict[str, s
             ("cpu", "1.0.0-cpu"),
             ("cu126", "1.0.0-cu126"),
             ("cu128", "1.0.0-cu128"),  # not 1.0.0-ubuntu24.04-cu128
-            ("gh200", "1.0.0-gh200"),  # the index digest, not one platform's
             ("null", "1.0.0-null"),
         ]
+    } | {"gh200": ("1.0.0-gh200", scanned_repo["gh200-amd"])}  # the first platform's
+    # every image lists its platforms; a multi-platform tag each platform's manifest
+    assert index.images["gh200"].platforms == {
+        "linux/amd64": scanned_repo["gh200-amd"],
+        "linux/arm64": scanned_repo["gh200-arm"],
     }
+    assert index.images["cpu"].platforms == {"linux/amd64": scanned_repo["1.0.0-cpu"]}
     # a feature's values are a set, written sorted (PEP 825)
     assert index.variants["cu128"].to_json() == {
         "nvidia": {"cuda_version_lower_bound": ["12.8"], "sm_arch": ["100_real", "90_real"]}
@@ -116,8 +122,11 @@ def test_scan_equals_build_index_on_the_same_records(
     index = _scan(registry.url, "scan/app", "1.0.0")
     gh200_labels = {LABEL: "gh200", NV_SM: "90_real"}
     records = [
-        ImageRecord(tag, scanned_repo[tag], labels)
-        for tag, labels in [*IMAGES.items(), ("1.0.0-gh200", gh200_labels)]
+        ImageRecord(tag, scanned_repo[tag], labels, platform="linux/amd64")
+        for tag, labels in IMAGES.items()
+    ] + [
+        ImageRecord("1.0.0-gh200", scanned_repo[f"gh200-{arch}"], gh200_labels, platform=p)
+        for arch, p in [("amd", "linux/amd64"), ("arm", "linux/arm64")]
     ]
     errors = {i.tag: i.error for i in index.invalid}
     records.append(

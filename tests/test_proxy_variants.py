@@ -97,8 +97,13 @@ def test_variants_document_content(proxy: ProxyServer, images: dict[str, str]) -
     doc = httpx.get(f"{proxy.url}/v2/{REPO}/_variants/1.0.0").json()
     assert set(doc["variants"]) == {"cu128", "cu126", "v3", "null"}
     assert doc["default-priorities"] == {"namespace": ["nvidia", "x86_64"]}
-    assert doc["images"]["cu128"] == {"tag": "1.0.0-cu128", "digest": images["1.0.0-cu128"]}
-    assert doc["bare"] == {"tag": "1.0.0", "digest": images["1.0.0"]}
+    cu128, bare = images["1.0.0-cu128"], images["1.0.0"]
+    assert doc["images"]["cu128"] == {
+        "tag": "1.0.0-cu128",
+        "digest": cu128,
+        "platforms": {"linux/amd64": cu128},
+    }
+    assert doc["bare"] == {"tag": "1.0.0", "digest": bare, "platforms": {"linux/amd64": bare}}
     invalid = {i["tag"]: i["error"] for i in doc["invalid"]}
     assert set(invalid) == {"1.0.0-bad", "1.0.0-garbage"}
     assert "sm_arch" in invalid["1.0.0-bad"]
@@ -436,7 +441,7 @@ def test_garbage_is_502_and_never_cached(
     _serve_good(fake)  # the upstream recovers: the failure was not cached
     good = httpx.get(url)
     assert good.status_code == 200, good.text
-    assert good.json()["images"]["cu128"] == {"tag": "1.0-cu128", "digest": digest}
+    assert good.json()["images"]["cu128"]["digest"] == digest
 
 
 def test_per_image_garbage_lands_under_invalid(

@@ -19,7 +19,7 @@ from rich.console import Console
 from docker_variant.errors import DockerVariantError, InvalidInputError, UnreachableError
 from docker_variant.k8s.claim import DEFAULT_DEVICE_CLASS, MAX_COUNT
 from docker_variant.providers import HostReport, detect_host
-from docker_variant.render import host_table, selection_json, selection_table
+from docker_variant.render import host_table, published_table, selection_json, selection_table
 from docker_variant.variant import (
     Candidate,
     Selection,
@@ -69,6 +69,15 @@ ProvidersFileOpt = Annotated[
 EnableOpt = Annotated[
     list[str] | None,
     typer.Option("--enable-provider", help="Run the third-party provider plugin for namespace NS."),
+]
+PlatformOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--platform",
+        envvar="DOCKER_DEFAULT_PLATFORM",
+        help="os/arch[/variant] to choose for, as docker pull (default: the host lists' "
+        "CPU, else this machine).",
+    ),
 ]
 IndexOpt = Annotated[
     str | None,
@@ -207,8 +216,17 @@ def _target(ref: str | None, index: str | None) -> Target:
     return Target(variant_index, reference)
 
 
-def _select(opts: Options, target: Target) -> Selection:
-    return select(target.index, opts.host().host)
+def _select(opts: Options, target: Target, platform: str | None) -> Selection:
+    from docker_variant.variant.platform import Platform, host_platform, platform_of_lists
+
+    host = opts.host().host
+    # A providers file describes some other node: its CPU namespace says its platform.
+    chosen = (
+        Platform.parse(platform, "--platform")
+        if platform
+        else platform_of_lists(host) or host_platform()
+    )
+    return select(target.index, host, chosen)
 
 
 def _report_no_match(selection: Selection, target: Target) -> None:
@@ -224,6 +242,7 @@ def ls_(
     ctx: typer.Context,
     ref: Annotated[str | None, typer.Argument(help="registry/name:version")] = None,
     index: IndexOpt = None,
+    platform: PlatformOpt = None,
     json_: JsonOpt = False,
     providers_file: ProvidersFileOpt = None,
     enable: EnableOpt = None,
@@ -231,7 +250,7 @@ def ls_(
     """List every variant: compatible or not (with the reason), rank and tag."""
     opts = _options(ctx, json_, providers_file, enable)
     target = _target(ref, index)
-    selection = _select(opts, target)
+    selection = _select(opts, target, platform)
     if opts.json:
         _emit_json(selection_json(selection, str(target.reference) if target.reference else None))
     else:
@@ -243,6 +262,7 @@ def resolve(
     ctx: typer.Context,
     ref: Annotated[str | None, typer.Argument(help="registry/name:version")] = None,
     index: IndexOpt = None,
+    platform: PlatformOpt = None,
     json_: JsonOpt = False,
     providers_file: ProvidersFileOpt = None,
     enable: EnableOpt = None,
@@ -250,7 +270,7 @@ def resolve(
     """Print the reference of the best variant for this host."""
     opts = _options(ctx, json_, providers_file, enable)
     target = _target(ref, index)
-    selection = _select(opts, target)
+    selection = _select(opts, target, platform)
     best = selection.best
     if best is None:
         if opts.json:
@@ -282,6 +302,7 @@ def pull(
     ctx: typer.Context,
     ref: Annotated[str, typer.Argument(help="registry/name:version")],
     index: IndexOpt = None,
+    platform: PlatformOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the choice only.")] = False,
     json_: JsonOpt = False,
     providers_file: ProvidersFileOpt = None,
@@ -300,7 +321,7 @@ def pull(
         if engine is not None:
             engine.ping()  # fail fast, before any registry traffic
         target = Target(_load_index(index), reference) if index else _target(ref, None)
-        selection = _select(opts, target)
+        selection = _select(opts, target, platform)
         best = selection.best
         if best is None:
             if not opts.json:
@@ -364,6 +385,44 @@ def push(
     else:
         what = f'variant "{label}"' if label else "bare image"
         sys.stdout.write(f"Pushed {what} of {reference.name} version {version}\n")
+
+
+@app.command()
+def publish(
+    ctx: typer.Context,
+    ref: Annotated[str, typer.Argument(help="registry/name:version")],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the index; push nothing.")
+    ] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Write the version's variant image index at tag VERSION (SPEC section 10), so that
+    any registry serves the whole set in one request."""
+    from docker_variant.oci.reference import parse_reference
+    from docker_variant.publish.publisher import publish as publish_index
+
+    opts = _options(ctx, json_)
+    published = publish_index(parse_reference(ref), dry_run=dry_run)
+    if dry_run and not opts.json:
+        sys.stdout.write(json.dumps(json.loads(published.body), indent=2) + "\n")
+        return
+    if opts.json:
+        _emit_json(
+            {
+                "reference": str(published.reference),
+                "digest": published.digest,
+                "changed": published.changed,
+                "dry_run": dry_run,
+                "index": json.loads(published.body),
+            }
+        )
+        return
+    console.print(published_table(published.entries, f"Variant image index of {ref}"))
+    state = "published" if published.changed else "already published (unchanged)"
+    sys.stdout.write(
+        f"{published.reference}: variant image index {state}, {published.digest}, "
+        f"{len(published.entries)} entries\n"
+    )
 
 
 @app.command("install-plugin")

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
 from docker_variant.variant import Candidate, Selection, SupportedLists, Variant
 
-__all__ = ["candidate_json", "host_table", "properties_text", "selection_json", "selection_table"]
+if TYPE_CHECKING:  # the oci package pulls in httpx
+    from docker_variant.oci.imageindex import IndexEntry
+
+__all__ = [
+    "candidate_json",
+    "host_table",
+    "properties_text",
+    "published_table",
+    "selection_json",
+    "selection_table",
+]
 
 
 def properties_text(variant: Variant | None) -> str:
@@ -30,6 +41,7 @@ def candidate_json(candidate: Candidate) -> dict[str, Any]:
         "compatible": candidate.compatible,
         "rank": candidate.rank,
         "reason": candidate.reason,
+        "platform": candidate.platform,
         "properties": candidate.variant.to_json() if candidate.variant else {},
     }
 
@@ -56,6 +68,27 @@ def selection_table(selection: Selection, title: str) -> Table:
                 c.reason or "",
             )
         table.add_row(str(c.rank or "-"), c.label or f"({c.kind})", c.tag, fits, detail)
+    return table
+
+
+def published_table(entries: Sequence[IndexEntry], title: str) -> Table:
+    """A variant image index's entries in index order; each platform's first entry is what
+    variant-unaware clients get."""
+    table = Table(title=title, title_justify="left")
+    for column in ("platform", "label", "tag", "digest", "variant-unaware clients"):
+        table.add_column(column, overflow="fold")
+    seen: set[str] = set()
+    for entry in entries:
+        platform = str(entry.platform)
+        first = platform not in seen
+        seen.add(platform)
+        table.add_row(
+            platform,
+            entry.label or "(bare)",
+            entry.tag,
+            entry.digest,
+            "[green]this one[/]" if first else "",
+        )
     return table
 
 

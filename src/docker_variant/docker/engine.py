@@ -167,14 +167,20 @@ class Engine:
         tag_or_digest: str,
         registry: str,
         on_event: Callable[[ProgressEvent], None],
+        platform: str | None = None,
     ) -> None:
-        """Pull ``repository:tag`` or ``repository@digest`` (``repository`` includes the registry)."""
+        """Pull ``repository:tag`` or ``repository@digest`` (``repository`` includes the
+        registry); ``platform`` (``os/arch[/variant]``) is the image's, as ``docker pull
+        --platform``."""
+        params = {"fromImage": repository, "tag": tag_or_digest}
+        if platform:
+            params["platform"] = platform
         self._stream(
             "POST",
             "/images/create",
             f"pull {repository}{'@' if ':' in tag_or_digest else ':'}{tag_or_digest}",
             on_event,
-            params={"fromImage": repository, "tag": tag_or_digest},
+            params=params,
             headers=_registry_auth_header(registry),
         )
 

@@ -32,7 +32,7 @@ def pull_candidate(
     """
     name = reference.name
     source = f"{name}@{chosen.digest}" if chosen.digest else f"{name}:{chosen.tag}"
-    engine.pull(name, chosen.digest or chosen.tag, reference.registry, on_event)
+    engine.pull(name, chosen.digest or chosen.tag, reference.registry, on_event, chosen.platform)
     inspected = engine.inspect_image(source)
     if inspected is None:
         raise EngineError(f"pull {source}: the engine reports no such image after pulling it")

@@ -9,11 +9,12 @@ escapes.
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
 import functools
 import hashlib
 import json
 import os
-import platform as _platform
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -24,11 +25,12 @@ from typing import Any
 import httpx
 
 from docker_variant import __version__
-from docker_variant.errors import InvalidInputError
+from docker_variant.errors import DockerVariantError, InvalidInputError
 from docker_variant.oci.auth import RegistryAuth
 from docker_variant.oci.errors import (
     BadUpstreamResponseError,
     NotFoundError,
+    RateLimitedError,
     RegistryAuthError,
     RegistryError,
     UpstreamUnavailableError,
@@ -39,6 +41,7 @@ from docker_variant.oci.reference import (
     registry_base_url,
 )
 from docker_variant.variant.index import VariantIndex
+from docker_variant.variant.platform import Platform, host_platform
 
 __all__ = [
     "DOCKER_MANIFEST",
@@ -51,6 +54,7 @@ __all__ = [
     "RegistryClient",
     "config_labels",
     "host_platform",
+    "stated_platform",
 ]
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -67,32 +71,9 @@ _MANIFEST_LIMIT = 4 << 20  # the distribution spec's minimum a registry must acc
 _CONFIG_LIMIT = 32 << 20
 _TAGS_LIMIT = 32 << 20
 _ERROR_BODY_LIMIT = 64 << 10
-
-# platform.machine() -> OCI architecture
-_ARCHITECTURES = {
-    "x86_64": "amd64",
-    "amd64": "amd64",
-    "aarch64": "arm64",
-    "arm64": "arm64",
-    "armv7l": "arm",
-    "armv6l": "arm",
-    "i386": "386",
-    "i686": "386",
-}
-
-
-@dataclass(frozen=True)
-class Platform:
-    os: str
-    architecture: str
-
-    def __str__(self) -> str:
-        return f"{self.os}/{self.architecture}"
-
-
-def host_platform() -> Platform:
-    machine = _platform.machine().lower()
-    return Platform("linux", _ARCHITECTURES.get(machine, machine))
+#: A client waits out 429s for at most this long in all, and retries at most this often.
+DEFAULT_RATE_LIMIT_WAIT = 30.0
+_RATE_LIMIT_RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -114,6 +95,10 @@ class Manifest:
     def tag_digest(self) -> str:
         """What the tag points at: pulling this digest works on every platform of an index."""
         return self.index_digest or self.digest
+
+    @property
+    def size(self) -> int:
+        return len(self.raw)
 
     @property
     def config_digest(self) -> str:
@@ -160,11 +145,14 @@ class RegistryClient:
         max_concurrency: int = 8,
         platform: Platform | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        rate_limit_wait: float = DEFAULT_RATE_LIMIT_WAIT,
     ) -> None:
         if max_concurrency < 1:
             raise InvalidInputError(f"max_concurrency must be at least 1, got {max_concurrency}")
         self.base_url = base_url.rstrip("/")
         self.platform = platform or host_platform()
+        self.rate_limit_wait = rate_limit_wait
+        self._wait_budget = rate_limit_wait
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
@@ -232,11 +220,11 @@ class RegistryClient:
         (default: this host's), else the index's first linux one."""
         check_repository(repository)
         check_manifest_reference(reference)
-        top = await self._fetch_manifest(repository, reference)
+        top = await self.fetch_manifest(repository, reference)
         if not top.is_index:
             return top
         digest = _pick_platform(top, platform or self.platform, _name(repository, reference))
-        child = await self._fetch_manifest(repository, digest)
+        child = await self.fetch_manifest(repository, digest)
         if child.is_index:
             raise BadUpstreamResponseError(
                 f"manifest {_name(repository, digest)}: an index inside the index of "
@@ -289,7 +277,10 @@ class RegistryClient:
         except InvalidInputError as exc:
             raise _bad(str(exc), response) from exc
 
-    async def _fetch_manifest(self, repository: str, reference: str) -> Manifest:
+    async def fetch_manifest(self, repository: str, reference: str) -> Manifest:
+        """The manifest or index at ``reference`` as it is (no platform resolution)."""
+        check_repository(repository)
+        check_manifest_reference(reference)
         what = f"manifest {_name(repository, reference)}"
         response, body = await self._get(
             f"{self.base_url}/v2/{repository}/manifests/{reference}",
@@ -317,6 +308,59 @@ class RegistryClient:
         headers: Mapping[str, str] | None = None,
         params: Mapping[str, str] | None = None,
     ) -> tuple[httpx.Response, bytes]:
+        """GET with the body capped at ``limit``. A 429 is retried after its ``Retry-After``
+        while this client's wait budget lasts (public registries limit pulls); then, or when
+        the registry asks for a longer wait, it fails naming the limit."""
+        for attempt in range(_RATE_LIMIT_RETRIES + 1):
+            try:
+                return await self._get_once(url, what, limit, headers=headers, params=params)
+            except UpstreamUnavailableError as exc:
+                if exc.status != 429:
+                    raise
+                delay = retry_after(exc.headers.get("retry-after"))
+                if attempt == _RATE_LIMIT_RETRIES or delay > self._wait_budget:
+                    raise RateLimitedError(
+                        f"{exc}; rate limited: the registry asks to wait "
+                        f"{_seconds(delay)} and docker-variant waits at most "
+                        f"{_seconds(self.rate_limit_wait)} in all"
+                        + ("" if attempt == 0 else f" (gave up after {attempt} retries)"),
+                        status=429,
+                        code=exc.code,
+                        headers=exc.headers,
+                        url=exc.url,
+                    ) from exc
+                self._wait_budget -= delay
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    async def put_manifest(
+        self, repository: str, reference: str, body: bytes, media_type: str
+    ) -> str:
+        """PUT a manifest (or index) at a tag; returns the digest the registry reports."""
+        check_repository(repository)
+        check_manifest_reference(reference)
+        url = f"{self.base_url}/v2/{repository}/manifests/{reference}"
+        what = f"push of manifest {_name(repository, reference)}"
+        async with self._semaphore:
+            try:
+                response = await self._http.put(
+                    url, content=body, headers={"Content-Type": media_type}
+                )
+            except httpx.HTTPError as exc:
+                raise _transport_error(exc, what, url) from exc
+            if not response.is_success:
+                raise _status_error(response, response.content[:_ERROR_BODY_LIMIT], what)
+        return response.headers.get("docker-content-digest") or _sha256(body)
+
+    async def _get_once(
+        self,
+        url: str,
+        what: str,
+        limit: int,
+        *,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> tuple[httpx.Response, bytes]:
         async with self._semaphore:
             try:
                 async with self._http.stream("GET", url, headers=headers, params=params) as r:
@@ -326,25 +370,48 @@ class RegistryClient:
                     return r, await _read(r, limit, what)
             except RegistryError:
                 raise
-            except httpx.TimeoutException as exc:
-                raise UpstreamUnavailableError(
-                    f"{what}: {url} timed out ({_kind(exc)})", url=url
-                ) from exc
-            except httpx.RemoteProtocolError as exc:
-                raise BadUpstreamResponseError(
-                    f"{what}: {url} sent an incomplete or malformed HTTP response: {exc}", url=url
-                ) from exc
-            except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-                raise InvalidInputError(f"{what}: bad registry URL {url}: {exc}") from exc
-            except (httpx.NetworkError, httpx.ProxyError) as exc:
-                raise UpstreamUnavailableError(
-                    f"{what}: registry at {url} is unreachable: {_reason(exc)}",
-                    url=url,
-                ) from exc
-            except (httpx.DecodingError, httpx.TooManyRedirects) as exc:
-                raise BadUpstreamResponseError(f"{what}: {url}: {exc}", url=url) from exc
             except httpx.HTTPError as exc:
-                raise RegistryError(f"{what}: {url} failed: {exc!r}", url=url) from exc
+                raise _transport_error(exc, what, url) from exc
+
+
+def _transport_error(exc: httpx.HTTPError, what: str, url: str) -> DockerVariantError:
+    """An httpx failure (no usable response) as one of our errors."""
+    if isinstance(exc, httpx.TimeoutException):
+        return UpstreamUnavailableError(f"{what}: {url} timed out ({_kind(exc)})", url=url)
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return BadUpstreamResponseError(
+            f"{what}: {url} sent an incomplete or malformed HTTP response: {exc}", url=url
+        )
+    if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
+        return InvalidInputError(f"{what}: bad registry URL {url}: {exc}")
+    if isinstance(exc, httpx.NetworkError | httpx.ProxyError):
+        return UpstreamUnavailableError(
+            f"{what}: registry at {url} is unreachable: {_reason(exc)}", url=url
+        )
+    if isinstance(exc, httpx.DecodingError | httpx.TooManyRedirects):
+        return BadUpstreamResponseError(f"{what}: {url}: {exc}", url=url)
+    return RegistryError(f"{what}: {url} failed: {exc!r}", url=url)
+
+
+def retry_after(value: str | None) -> float:
+    """Seconds a ``Retry-After`` asks for (delta-seconds or an HTTP date); 1 s if absent
+    or unreadable, never negative."""
+    if not value:
+        return 1.0
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return 1.0
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
 
 
 async def _read(
@@ -456,7 +523,8 @@ def _pick_platform(index: Manifest, wanted: Platform, name: str) -> str:
         plat = entry.get("platform")
         if not isinstance(plat, dict):
             continue  # no platform: not something to run
-        if plat.get("os") == wanted.os and plat.get("architecture") == wanted.architecture:
+        stated = stated_platform(plat)
+        if stated is not None and wanted.matches(stated):
             return str(entry["digest"])
         if plat.get("os") == "linux":
             linux.append(str(entry["digest"]))
@@ -466,6 +534,17 @@ def _pick_platform(index: Manifest, wanted: Platform, name: str) -> str:
         f"manifest {name}: the index has no linux manifest (wanted {wanted})",
         code="MANIFEST_UNKNOWN",
     )
+
+
+def stated_platform(data: object) -> Platform | None:
+    """The platform an image config or an index descriptor's ``platform`` states (``os``,
+    ``architecture``, ``variant``), if it states a usable one."""
+    if not isinstance(data, dict):
+        return None
+    os_name, arch, variant = (data.get(k) for k in ("os", "architecture", "variant"))
+    if not isinstance(os_name, str) or not isinstance(arch, str) or not os_name or not arch:
+        return None
+    return Platform.of(os_name, arch, variant if isinstance(variant, str) else "")
 
 
 def _sha256(body: bytes) -> str:

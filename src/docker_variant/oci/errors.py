@@ -13,6 +13,7 @@ from docker_variant.errors import UnreachableError
 __all__ = [
     "BadUpstreamResponseError",
     "NotFoundError",
+    "RateLimitedError",
     "RegistryAuthError",
     "RegistryError",
     "UpstreamUnavailableError",
@@ -60,6 +61,10 @@ class NotFoundError(RegistryError):
 
 class UpstreamUnavailableError(RegistryError):
     """No usable answer: connection refused, DNS failure, time-out, 5xx or 429."""
+
+
+class RateLimitedError(UpstreamUnavailableError):
+    """429 beyond what the client waits for: the message names the limit."""
 
 
 class BadUpstreamResponseError(RegistryError):

@@ -1,4 +1,9 @@
-"""Build a version's variant index from a registry (SPEC section 5, client side).
+"""Build a version's variant index from a registry (SPEC sections 5 and 10, client side).
+
+Where it comes from, cheapest first: a variant image index at tag ``VERSION`` (one manifest
+request, no config blobs), else a scan of the tags ``VERSION`` and ``VERSION-*`` (a tag list,
+then a manifest and a config per image). Both feed ``build_index``, so the document is the
+same either way.
 
 One bad image never breaks the index: bad upstream data for a tag (a config that is not
 JSON, a malformed manifest) lists that tag under ``invalid``. What makes the whole index
@@ -8,49 +13,161 @@ unknowable (no credentials, no such repository, registry down) is raised.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from docker_variant.oci.client import RegistryClient
+from docker_variant.oci.client import Manifest, RegistryClient, config_labels, stated_platform
 from docker_variant.oci.errors import BadUpstreamResponseError, NotFoundError
+from docker_variant.oci.imageindex import IndexEntry, read_image_index
 from docker_variant.variant.index import ImageRecord, VariantIndex, build_index
 
-__all__ = ["scan_index", "scan_index_sync"]
+__all__ = ["VersionImages", "read_version", "scan_images", "scan_index", "scan_index_sync"]
+
+
+@dataclass(frozen=True)
+class VersionImages:
+    """What a registry holds for one version: every readable image manifest, the tags that
+    could not be read, and whether it came from a published variant image index."""
+
+    entries: list[IndexEntry]
+    errors: list[ImageRecord]
+    published: bool = False
+
+    def records(self) -> list[ImageRecord]:
+        return [*(e.record() for e in self.entries), *self.errors]
+
+    def index(self, version: str) -> VariantIndex:
+        return build_index(version, self.records())
+
+
+async def read_version(client: RegistryClient, repository: str, version: str) -> VariantIndex:
+    """The version's index: from its variant image index if it has one, else a scan."""
+    top = await _top_manifest(client, repository, version)
+    if top is not None and top.is_index:
+        entries = read_image_index(top.data, version)
+        if entries is not None:
+            return VersionImages(entries, [], published=True).index(version)
+    images = await scan_images(client, repository, version, top=top)
+    return images.index(version)
 
 
 async def scan_index(client: RegistryClient, repository: str, version: str) -> VariantIndex:
-    """List the tags ``version`` and ``version-*`` and index their labels.
+    """The index from a tag scan only (no variant image index read)."""
+    return (await scan_images(client, repository, version)).index(version)
 
+
+async def scan_images(
+    client: RegistryClient,
+    repository: str,
+    version: str,
+    *,
+    top: Manifest | None = None,
+) -> VersionImages:
+    """List the tags ``version`` and ``version-*`` and read every image manifest's labels.
+
+    ``top`` is the manifest at ``version`` when the caller already fetched it. A variant
+    image index at ``version`` contributes its bare entries (the bare image it replaced).
     Requests run concurrently up to the client's ``max_concurrency``.
     """
     tags = [
         t for t in await client.list_tags(repository) if t == version or t.startswith(f"{version}-")
     ]
-    tasks = [asyncio.ensure_future(_record(client, repository, tag)) for tag in tags]
+    fetches: list[Awaitable[list[IndexEntry] | ImageRecord]] = []
+    for tag in tags:
+        given = top if tag == version else None
+        fetches.append(_tag_images(client, repository, tag, version, given))
+    results = await _gather(fetches)
+    entries: list[IndexEntry] = []
+    errors: list[ImageRecord] = []
+    for result in results:
+        if isinstance(result, ImageRecord):
+            errors.append(result)
+        else:
+            entries.extend(result)
+    return VersionImages(entries, errors)
+
+
+async def _gather(fetches: Iterable[Awaitable[Any]]) -> list[Any]:
+    tasks = [asyncio.ensure_future(f) for f in fetches]
     try:
-        records = await asyncio.gather(*tasks)
+        return list(await asyncio.gather(*tasks))
     except BaseException:
         # gather leaves the other fetches running; stop them before raising
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-    return build_index(version, records)
 
 
-async def _record(client: RegistryClient, repository: str, tag: str) -> ImageRecord:
+async def _top_manifest(client: RegistryClient, repository: str, tag: str) -> Manifest | None:
+    try:
+        return await client.fetch_manifest(repository, tag)
+    except NotFoundError as exc:
+        if exc.code == "NAME_UNKNOWN":
+            raise
+        return None
+
+
+async def _tag_images(
+    client: RegistryClient,
+    repository: str,
+    tag: str,
+    version: str,
+    top: Manifest | None,
+) -> list[IndexEntry] | ImageRecord:
     digest = ""
     try:
-        manifest = await client.get_manifest(repository, tag)
-        digest = manifest.tag_digest
-        labels = await client.get_labels(repository, manifest)
+        if top is None:
+            top = await client.fetch_manifest(repository, tag)
+        digest = top.digest
+        if not top.is_index:
+            return [await _entry(client, repository, tag, top)]
+        published = read_image_index(top.data, version) if tag == version else None
+        if published is not None:  # re-publishing: keep the bare image the index replaced
+            return [e for e in published if e.label is None]
+        children = []
+        for descriptor in top.data["manifests"]:
+            platform = stated_platform(descriptor.get("platform"))
+            if platform is not None and platform.os != "unknown":  # not an attestation
+                children.append(_child_entry(client, repository, tag, str(descriptor["digest"])))
+        if not children:
+            return ImageRecord(tag, digest, error="an index without any platform's image")
+        return list(await _gather(children))
     except BadUpstreamResponseError as exc:
         return ImageRecord(tag, digest, error=str(exc))
     except NotFoundError as exc:
         if exc.code == "NAME_UNKNOWN":
             raise  # the repository itself is gone
-        # a tag deleted since the listing, a missing config blob, an index without linux
+        # a tag deleted since the listing, a missing config blob
         return ImageRecord(tag, digest, error=str(exc))
-    return ImageRecord(tag, digest, labels)
+
+
+async def _child_entry(
+    client: RegistryClient, repository: str, tag: str, digest: str
+) -> IndexEntry:
+    child = await client.fetch_manifest(repository, digest)
+    if child.is_index:
+        raise BadUpstreamResponseError(
+            f"manifest {repository}@{digest}: an index inside the index of {repository}:{tag}; "
+            "expected an image manifest"
+        )
+    return await _entry(client, repository, tag, child)
+
+
+async def _entry(
+    client: RegistryClient, repository: str, tag: str, manifest: Manifest
+) -> IndexEntry:
+    config = await client.get_config(repository, manifest)
+    where = f"config blob {manifest.config_digest} of {repository}:{tag}"
+    return IndexEntry(
+        tag=tag,
+        platform=stated_platform(config),
+        media_type=manifest.media_type,
+        digest=manifest.digest,
+        size=manifest.size,
+        labels=config_labels(config, where),
+    )
 
 
 def scan_index_sync(

@@ -1,5 +1,6 @@
-"""Where a version's variant index comes from: the proxy's ``_variants`` API if the
-registry has one, else a client-side scan (SPEC section 5: the two are identical)."""
+"""Where a version's variant index comes from (SPEC section 10): the proxy's ``_variants``
+API if the registry has one, else a variant image index at ``VERSION``, else a client-side
+scan (the three give the same document)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from docker_variant.errors import InvalidInputError
 from docker_variant.oci.client import RegistryClient
 from docker_variant.oci.errors import NotFoundError, RegistryError
 from docker_variant.oci.reference import Reference, parse_reference
-from docker_variant.oci.scan import scan_index
+from docker_variant.oci.scan import read_version
 from docker_variant.variant.index import VariantIndex
 
 __all__ = ["fetch_index", "fetch_index_async", "refresh_proxy_index"]
@@ -18,7 +19,7 @@ __all__ = ["fetch_index", "fetch_index_async", "refresh_proxy_index"]
 
 async def fetch_index_async(client: RegistryClient, repository: str, version: str) -> VariantIndex:
     index = await client.get_variant_index(repository, version)
-    return index if index is not None else await scan_index(client, repository, version)
+    return index if index is not None else await read_version(client, repository, version)
 
 
 def fetch_index(ref: str | Reference, **client_kwargs: Any) -> tuple[Reference, VariantIndex]:

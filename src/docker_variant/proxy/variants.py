@@ -31,13 +31,14 @@ from docker_variant.oci.errors import (
     RegistryAuthError,
     UpstreamUnavailableError,
 )
-from docker_variant.oci.scan import scan_index
+from docker_variant.oci.scan import read_version
 from docker_variant.proxy.metrics import ProxyMetrics
 from docker_variant.proxy.names import Route, RouteKind, is_digest
 from docker_variant.proxy.passthrough import BorrowedTransport, Upstream, proxy_base_url
 from docker_variant.proxy.responses import JSON, error_kind, failure_response, oci_error
 from docker_variant.variant import VariantIndex, select
 from docker_variant.variant.model import parse_supported_lists
+from docker_variant.variant.platform import platform_of_lists
 
 __all__ = [
     "LABEL_HEADER",
@@ -229,7 +230,7 @@ class VariantService:
                 transport=BorrowedTransport(self.upstream.transport),
             ) as client,
         ):
-            index = await scan_index(client, name, version)
+            index = await read_version(client, name, version)
         body = json.dumps(index.to_json(), sort_keys=True).encode()
         return self.cache.put((name, version), index, body, generation)
 
@@ -266,8 +267,10 @@ class VariantService:
         index = result.index
         if not index.variants and index.bare is None:
             return await self.upstream.forward(request, route)  # not a variant version
+        # The header's CPU namespace says the caller's platform (SPEC section 10).
+        platform = platform_of_lists(host)
         try:
-            selection = select(index, host)
+            selection = select(index, host, platform)
         except InvalidInputError as exc:
             return oci_error(400, "MANIFEST_INVALID", f"X-Variant-Properties header: {exc}")
         best = selection.best
@@ -283,7 +286,10 @@ class VariantService:
         extra = {"Vary": "X-Variant-Properties"}
         if best.label is not None:  # the bare image has no label: the header is left out
             extra[LABEL_HEADER] = best.label
-        target = Route(RouteKind.MANIFEST, route.name, best.tag)
+        # By digest where the tag would not name this image: a platform's manifest inside
+        # a multi-platform tag, or the bare image that a variant image index replaced.
+        by_digest = best.digest and (best.platform is not None or best.tag == route.reference)
+        target = Route(RouteKind.MANIFEST, route.name, best.digest if by_digest else best.tag)
         return await self.upstream.forward(request, target, extra_headers=extra)
 
 

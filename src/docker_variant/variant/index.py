@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from docker_variant.errors import InvalidInputError
-from docker_variant.variant.labels import LABEL_KEY, read_labels
+from docker_variant.variant.labels import LABEL_KEY, LABEL_PREFIX, read_labels
 from docker_variant.variant.model import Variant, check_namespace
 from docker_variant.variant.ordering import complete_namespace_order, merge_namespace_orders
+from docker_variant.variant.platform import Platform
 
 __all__ = ["SCHEMA_URL", "ImageRecord", "ImageRef", "InvalidImage", "VariantIndex", "build_index"]
 
@@ -23,8 +24,20 @@ SCHEMA_URL = "https://variants-schema.wheelnext.dev/peps/825/v0.1.1.json"
 
 @dataclass(frozen=True)
 class ImageRef:
+    """An image of the version. ``platforms`` maps ``os/arch[/variant]`` to that platform's
+    manifest digest; empty means the image is for whatever platform the host has (SPEC 10).
+    With several platforms, ``digest`` is the first platform's (in sorted order), so the
+    document is the same whether it was built from a scan or from a variant image index."""
+
     tag: str
     digest: str
+    platforms: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"tag": self.tag, "digest": self.digest}
+        if self.platforms:
+            data["platforms"] = dict(sorted(self.platforms.items()))
+        return data
 
 
 @dataclass(frozen=True)
@@ -35,12 +48,15 @@ class InvalidImage:
 
 @dataclass(frozen=True)
 class ImageRecord:
-    """One tag as read from a registry: its labels, or why they could not be read."""
+    """One image manifest as read from a registry: its tag, its labels (or why they could
+    not be read) and, where known, its platform. A multi-platform tag gives one record per
+    platform."""
 
     tag: str
     digest: str
     labels: Mapping[str, str] | None = None
     error: str | None = None
+    platform: str | None = None
 
 
 @dataclass(frozen=True)
@@ -56,13 +72,8 @@ class VariantIndex:
             "$schema": SCHEMA_URL,
             "default-priorities": {"namespace": list(self.namespace_order)},
             "variants": {label: v.to_json() for label, v in sorted(self.variants.items())},
-            "images": {
-                label: {"tag": ref.tag, "digest": ref.digest}
-                for label, ref in sorted(self.images.items())
-            },
-            "bare": None
-            if self.bare is None
-            else {"tag": self.bare.tag, "digest": self.bare.digest},
+            "images": {label: ref.to_json() for label, ref in sorted(self.images.items())},
+            "bare": None if self.bare is None else self.bare.to_json(),
             "invalid": [{"tag": i.tag, "error": i.error} for i in self.invalid],
         }
 
@@ -129,7 +140,14 @@ def _image_ref(data: object, where: str) -> ImageRef:
         or not isinstance(data.get("digest", ""), str)
     ):
         raise InvalidInputError(f'{where}: expected {{"tag": ..., "digest": ...}}, got {data!r}')
-    return ImageRef(data["tag"], data.get("digest", ""))
+    platforms = data.get("platforms") or {}
+    if not isinstance(platforms, dict) or not all(isinstance(d, str) for d in platforms.values()):
+        raise InvalidInputError(
+            f'{where}.platforms: expected {{"os/arch[/variant]": "<manifest digest>"}}'
+        )
+    for key in platforms:
+        Platform.parse(key, f"{where}.platforms")
+    return ImageRef(data["tag"], data.get("digest", ""), dict(platforms))
 
 
 def build_index(version: str, records: Iterable[ImageRecord]) -> VariantIndex:
@@ -146,9 +164,7 @@ def build_index(version: str, records: Iterable[ImageRecord]) -> VariantIndex:
     stated: list[str] = []
     stated_by = ""
 
-    for record in sorted(records, key=lambda r: r.tag):
-        if record.tag != version and not record.tag.startswith(f"{version}-"):
-            continue
+    for record, platforms in _by_tag(version, records):
         if record.error is not None:
             invalid.append(InvalidImage(record.tag, record.error))
             continue
@@ -184,7 +200,7 @@ def build_index(version: str, records: Iterable[ImageRecord]) -> VariantIndex:
                 continue
             if merged != stated:
                 stated, stated_by = merged, record.tag
-        ref = ImageRef(record.tag, record.digest)
+        ref = ImageRef(record.tag, record.digest, platforms)
         if parsed.variant is None:
             bare = ref
         else:
@@ -193,3 +209,47 @@ def build_index(version: str, records: Iterable[ImageRecord]) -> VariantIndex:
 
     used = (ns for v in variants.values() for ns in v.namespaces)
     return VariantIndex(complete_namespace_order(stated, used), variants, images, bare, invalid)
+
+
+def _by_tag(
+    version: str, records: Iterable[ImageRecord]
+) -> Iterable[tuple[ImageRecord, dict[str, str]]]:
+    """The version's tags in order, each as one record and its ``{platform: digest}``.
+
+    A multi-platform tag's records must agree on their variant labels; the tag's digest
+    becomes its first platform's (sorted), as ``ImageRef`` says.
+    """
+    grouped: dict[str, list[ImageRecord]] = {}
+    for record in records:
+        if record.tag == version or record.tag.startswith(f"{version}-"):
+            grouped.setdefault(record.tag, []).append(record)
+    for tag in sorted(grouped):
+        group = sorted(grouped[tag], key=lambda r: r.platform or "")
+        first = group[0]
+        errors = [r for r in group if r.error is not None]
+        if errors:
+            yield errors[0], {}
+            continue
+        platforms = {r.platform: r.digest for r in group if r.platform}
+        if len(platforms) != len(group) and len(group) > 1:
+            yield ImageRecord(tag, first.digest, error="several manifests for one platform"), {}
+            continue
+        own = _variant_labels(first.labels)
+        for other in group[1:]:
+            if _variant_labels(other.labels) != own:
+                yield (
+                    ImageRecord(
+                        tag,
+                        first.digest,
+                        error=f"variant labels differ between platforms {first.platform} "
+                        f"and {other.platform}; every platform of a tag must carry the same",
+                    ),
+                    {},
+                )
+                break
+        else:
+            yield first, platforms
+
+
+def _variant_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    return {k: v for k, v in (labels or {}).items() if k.startswith(LABEL_PREFIX)}

@@ -17,6 +17,7 @@ from docker_variant.variant.model import (
 
 __all__ = [
     "LABEL_KEY",
+    "LABEL_PREFIX",
     "NAMESPACE_ORDER_KEY",
     "NULL_LABEL",
     "PROPERTY_PREFIX",
@@ -25,6 +26,8 @@ __all__ = [
     "read_labels",
 ]
 
+#: Every label (and index annotation) of SPEC section 3 starts with this.
+LABEL_PREFIX = "dev.pep817."
 LABEL_KEY = "dev.pep817.variant-label"
 PROPERTY_PREFIX = "dev.pep817.variant."
 NAMESPACE_ORDER_KEY = "dev.pep817.default-priorities.namespace"

@@ -2,6 +2,10 @@
 
 Order (SPEC section 2): compatible variants by ``HostMatcher``, then the ``null`` variant,
 then the bare image. CLI, proxy and scheduler all select through ``select``.
+
+With a ``platform`` (SPEC section 10), images that list their platforms and have none the
+host's matches are rejected (``no linux/arm64 image``), and a chosen image's digest is that
+platform's manifest. Images that list no platforms are taken to be for the host's.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from typing import Literal
 from docker_variant.variant.index import ImageRef, VariantIndex
 from docker_variant.variant.model import NULL_LABEL, SupportedLists, Variant
 from docker_variant.variant.ordering import HostMatcher, RankKey, Rejection
+from docker_variant.variant.platform import Platform
 
 __all__ = ["Candidate", "Selection", "select"]
 
@@ -29,6 +34,7 @@ class Candidate:
     variant: Variant | None = None
     rank: int | None = None  # 1 = best; None when not compatible
     reason: str | None = None  # why it does not fit (or why it is invalid)
+    platform: str | None = None  # the image platform chosen for the host, when listed
 
     @property
     def compatible(self) -> bool:
@@ -49,11 +55,30 @@ class Selection:
         return [*self.ranked, *self.rejected]
 
 
-def select(index: VariantIndex, host: SupportedLists) -> Selection:
+def select(
+    index: VariantIndex, host: SupportedLists, platform: Platform | None = None
+) -> Selection:
     matcher = HostMatcher(host, index.namespace_order)
     scored: list[tuple[RankKey, Variant]] = []
     rejected: list[Candidate] = []
+    chosen: dict[str | None, tuple[str, str | None]] = {}  # label -> (digest, platform)
+    for label, image in [*index.images.items(), (None, index.bare)]:
+        if image is None:
+            continue
+        picked = _platform_digest(image, platform)
+        if picked is None:
+            assert platform is not None
+            reason = f"no {platform} image (it has {', '.join(sorted(image.platforms))})"
+            if label is None:
+                rejected.append(Candidate(None, image.tag, "", "bare", reason=reason))
+            else:
+                variant = index.variants[label]
+                rejected.append(_candidate(index, variant, reason=reason))
+        else:
+            chosen[label] = picked
     for variant in index.variants.values():
+        if variant.label in index.images and variant.label not in chosen:
+            continue  # not for this platform
         if variant.is_null:
             continue
         outcome = matcher.evaluate(variant)
@@ -63,21 +88,39 @@ def select(index: VariantIndex, host: SupportedLists) -> Selection:
             scored.append((outcome, variant))
     scored.sort(key=lambda item: item[0])
     ordered = [variant for _, variant in scored]
-    if NULL_LABEL in index.variants:
-        ordered.append(index.variants[NULL_LABEL])
-    ranked = [_candidate(index, v, rank=i) for i, v in enumerate(ordered, start=1)]
-    if index.bare is not None:
+    null = index.variants.get(NULL_LABEL)
+    if null is not None and (NULL_LABEL not in index.images or NULL_LABEL in chosen):
+        ordered.append(null)
+    ranked = [_candidate(index, v, chosen.get(v.label), rank=i) for i, v in enumerate(ordered, 1)]
+    if index.bare is not None and None in chosen:
+        digest, on = chosen[None]
         ranked.append(
-            Candidate(None, index.bare.tag, index.bare.digest, "bare", rank=len(ranked) + 1)
+            Candidate(None, index.bare.tag, digest, "bare", rank=len(ranked) + 1, platform=on)
         )
-    rejected.sort(key=lambda c: c.label or "")
+    rejected.sort(key=lambda c: (c.label is None, c.label or ""))
     rejected += [Candidate(None, i.tag, "", "invalid", reason=i.error) for i in index.invalid]
     return Selection(ranked, rejected)
 
 
+def _platform_digest(image: ImageRef, platform: Platform | None) -> tuple[str, str | None] | None:
+    """``(digest to pull, platform key)`` of ``image`` for a host of ``platform``; ``None``
+    when the image lists platforms and none matches."""
+    if platform is None or not image.platforms:
+        return image.digest, None
+    for key, digest in sorted(image.platforms.items()):
+        if platform.matches(Platform.parse(key)):
+            return digest, key
+    return None
+
+
 def _candidate(
-    index: VariantIndex, variant: Variant, rank: int | None = None, reason: str | None = None
+    index: VariantIndex,
+    variant: Variant,
+    picked: tuple[str, str | None] | None = None,
+    rank: int | None = None,
+    reason: str | None = None,
 ) -> Candidate:
     image = index.images.get(variant.label, ImageRef(variant.label, ""))
+    digest, on = picked if picked is not None else (image.digest, None)
     kind: Kind = "null" if variant.is_null else "variant"
-    return Candidate(variant.label, image.tag, image.digest, kind, variant, rank, reason)
+    return Candidate(variant.label, image.tag, digest, kind, variant, rank, reason, on)

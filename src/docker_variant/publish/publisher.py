@@ -1,0 +1,99 @@
+"""``docker variant publish``: write a version's variant image index at tag ``VERSION``.
+
+The images are read by the same scan that ``ls``/``resolve`` use; the index is refused
+(``InvalidInputError``, exit 2) when the version holds an image that the index would
+misrepresent: invalid labels, disagreeing namespace orders, two manifests of one label on
+one platform, or a config that states no platform. Publishing again is idempotent: the same
+images give the same bytes, and an index already in place is not pushed again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from docker_variant.errors import InvalidInputError
+from docker_variant.oci.client import OCI_INDEX, Manifest, RegistryClient
+from docker_variant.oci.errors import NotFoundError
+from docker_variant.oci.imageindex import IndexEntry, order_entries, write_image_index
+from docker_variant.oci.reference import Reference
+from docker_variant.oci.scan import VersionImages, scan_images
+
+__all__ = ["Published", "plan_index", "publish", "publish_async"]
+
+
+@dataclass(frozen=True)
+class Published:
+    reference: Reference  # registry/name:VERSION
+    digest: str
+    body: bytes
+    entries: list[IndexEntry]  # in index order
+    changed: bool  # False: the registry already held exactly this index (or a dry run)
+
+
+def plan_index(images: VersionImages, name: str, version: str) -> tuple[list[IndexEntry], bytes]:
+    """The entries and bytes of the variant image index of ``images``, or the refusal."""
+    index = images.index(version)
+    if not index.variants and index.bare is None and not index.invalid:
+        raise NotFoundError(
+            f"{name}: no image tagged {version} or {version}-<label> to publish",
+            status=404,
+            code="MANIFEST_UNKNOWN",
+        )
+    if index.invalid:
+        bad = index.invalid[0]
+        more = f" (and {len(index.invalid) - 1} more)" if len(index.invalid) > 1 else ""
+        raise InvalidInputError(
+            f"{name}:{bad.tag}: {bad.error}; publish refuses a version with invalid "
+            f"images{more}: fix the labels or delete the tag"
+        )
+    if not index.variants:
+        raise InvalidInputError(
+            f"{name}:{version}: no variant images (tagged {version}-<label>) to publish"
+        )
+    kept = {ref.tag for ref in index.images.values()}
+    if index.bare is not None:
+        kept.add(index.bare.tag)
+    entries = [e for e in images.entries if e.tag in kept]
+    for entry in entries:
+        if entry.platform is None:
+            raise InvalidInputError(
+                f"{name}:{entry.tag}: its image config ({entry.digest}) states no os and "
+                "architecture; an index entry needs a platform"
+            )
+    ordered = order_entries(entries, index)
+    return ordered, write_image_index(ordered, index.namespace_order)
+
+
+async def publish_async(
+    client: RegistryClient, reference: Reference, *, dry_run: bool = False
+) -> Published:
+    version = reference.tag
+    if version is None or reference.digest is not None:
+        raise InvalidInputError(f"{reference}: publish needs registry/name:version (a tag)")
+    top: Manifest | None
+    try:
+        top = await client.fetch_manifest(reference.repository, version)
+    except NotFoundError as exc:
+        if exc.code == "NAME_UNKNOWN":
+            raise
+        top = None
+    images = await scan_images(client, reference.repository, version, top=top)
+    entries, body = plan_index(images, reference.name, version)
+    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    changed = not dry_run and (top is None or top.digest != digest)
+    if changed:
+        digest = await client.put_manifest(reference.repository, version, body, OCI_INDEX)
+    return Published(reference, digest, body, entries, changed)
+
+
+def publish(reference: Reference, *, dry_run: bool = False, **client_kwargs: Any) -> Published:
+    """``publish_async`` with Docker's credentials for ``reference``'s registry."""
+
+    async def run() -> Published:
+        async with RegistryClient.for_registry(reference.registry, **client_kwargs) as client:
+            return await publish_async(client, reference, dry_run=dry_run)
+
+    return asyncio.run(run())
