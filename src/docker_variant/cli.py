@@ -425,6 +425,95 @@ def publish(
     )
 
 
+@app.command()
+def build(
+    ctx: typer.Context,
+    ref: Annotated[str, typer.Argument(help="registry/name:version")],
+    context: Annotated[Path, typer.Argument(help="Build context (default: .).")] = Path("."),
+    matrix_file: Annotated[
+        Path, typer.Option("--matrix", help="TOML matrix: one image per [[variant]] entry.")
+    ] = Path("variants.toml"),
+    push_: Annotated[bool, typer.Option("--push", help="Push every image built.")] = False,
+    publish_: Annotated[
+        bool, typer.Option("--publish", help="Push, then write the variant image index.")
+    ] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Build one image per matrix entry from one Dockerfile, labelled and tagged
+    VERSION-<label>; with --push push them, with --publish also write the index."""
+    from rich.table import Table
+
+    from docker_variant.docker import BuildProgress, Engine, LayerProgress, push_image
+    from docker_variant.docker.context import context_archive
+    from docker_variant.oci.reference import parse_reference
+    from docker_variant.publish.build import build_matrix, matrix_targets
+    from docker_variant.publish.matrix import load_matrix
+    from docker_variant.publish.publisher import publish as publish_index
+
+    opts = _options(ctx, json_)
+    # Everything that can be refused is checked before the first build starts.
+    matrix = load_matrix(matrix_file)
+    reference = parse_reference(ref)
+    targets = matrix_targets(matrix, reference)
+    context_archive(context, matrix.dockerfile)  # the context and its Dockerfile exist
+    names = [str(t.tag) for _, t in targets]
+    pushed: set[str] = set()
+    with Engine() as engine:
+        engine.ping()
+        with BuildProgress(names, console=err_console, enabled=not opts.json) as progress:
+            built = build_matrix(
+                engine,
+                matrix,
+                reference,
+                context,
+                lambda entry, event: progress.event(entry.tag(reference.tag or ""), event),
+            )
+            for image in built:
+                progress.done(str(image.reference.tag), "built")
+        if push_ or publish_:
+            for image in built:
+                with LayerProgress("push", console=err_console, enabled=not opts.json) as layers:
+                    push_image(engine, str(image.reference), layers)
+                pushed.add(str(image.reference))
+    published = publish_index(reference) if publish_ else None
+    rows = [
+        {
+            "entry": image.entry.name,
+            "label": image.entry.label,
+            "platform": str(image.entry.platform) if image.entry.platform else None,
+            "reference": str(image.reference),
+            "image_id": image.image_id,
+            "pushed": str(image.reference) in pushed,
+        }
+        for image in built
+    ]
+    if opts.json:
+        _emit_json(
+            {
+                "images": rows,
+                "index_digest": published.digest if published else None,
+            }
+        )
+        return
+    table = Table(title=f"Built {len(rows)} images of {ref}", title_justify="left")
+    for column in ("entry", "platform", "reference", "image", "pushed"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(
+            str(row["entry"]),
+            str(row["platform"] or "(engine's)"),
+            str(row["reference"]),
+            str(row["image_id"])[7:19],
+            "yes" if row["pushed"] else "no",
+        )
+    console.print(table)
+    if published is not None:
+        sys.stdout.write(
+            f"{published.reference}: variant image index published, {published.digest}, "
+            f"{len(published.entries)} entries\n"
+        )
+
+
 @app.command("install-plugin")
 def install_plugin(
     directory: Annotated[

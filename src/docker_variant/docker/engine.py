@@ -1,6 +1,6 @@
 """A small Docker Engine API client (httpx over the engine's socket).
 
-Only what ``docker variant`` needs: ping, inspect, pull, tag, push, remove a tag. The engine
+Only what ``docker variant`` needs: ping, inspect, build, pull, tag, push, remove a tag. The engine
 is found as the Docker CLI finds it: ``DOCKER_HOST``, else ``DOCKER_CONTEXT`` or the config's
 ``currentContext``, else ``unix:///var/run/docker.sock``.
 """
@@ -11,7 +11,7 @@ import base64
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -195,6 +195,54 @@ class Engine:
             params={"tag": tag},
             headers=_registry_auth_header(registry) or {"X-Registry-Auth": "e30="},  # "{}"
         )
+
+    def build(
+        self,
+        context: bytes,
+        tag: str,
+        on_event: Callable[[ProgressEvent], None],
+        *,
+        dockerfile: str = "Dockerfile",
+        build_args: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        platform: str | None = None,
+    ) -> str:
+        """Build ``context`` (a tar archive) with the engine's builder and tag it ``tag``;
+        returns the image ID. The build uses the host's network, as ``--network=host``."""
+        params = {
+            "t": tag,
+            "dockerfile": dockerfile,
+            "buildargs": json.dumps(dict(build_args or {})),
+            "labels": json.dumps(dict(labels or {})),
+            "networkmode": "host",
+            "rm": "1",
+            "forcerm": "1",
+        }
+        if platform:
+            params["platform"] = platform
+        image_id: list[str] = []
+
+        def watch(event: ProgressEvent) -> None:
+            aux = event.get("aux")
+            if isinstance(aux, dict) and isinstance(aux.get("ID"), str):
+                image_id.append(aux["ID"])
+            on_event(event)
+
+        self._stream(
+            "POST",
+            "/build",
+            f"build {tag}",
+            watch,
+            params=params,
+            content=context,
+            headers={"Content-Type": "application/x-tar"},
+        )
+        if image_id:
+            return image_id[-1]
+        inspected = self.inspect_image(tag)
+        if inspected is None:
+            raise EngineError(f"build {tag}: the engine reports no such image after building it")
+        return str(inspected["Id"])
 
     def tag(self, source: str, repository: str, tag: str) -> None:
         response = self._request(

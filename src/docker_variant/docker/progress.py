@@ -1,7 +1,9 @@
-"""Per-layer progress bars (rich) fed by the Docker engine's pull and push events."""
+"""Progress bars (rich) fed by the Docker engine's events: per layer for pulls and pushes,
+per build for a matrix."""
 
 from __future__ import annotations
 
+import re
 from types import TracebackType
 from typing import Any
 
@@ -15,7 +17,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-__all__ = ["LayerProgress"]
+__all__ = ["BuildProgress", "LayerProgress"]
 
 _DONE = {"Pull complete", "Already exists", "Pushed", "Layer already exists", "Mounted from"}
 
@@ -68,3 +70,45 @@ class LayerProgress:
             self._progress.update(task, total=known or 1, completed=known or 1, status=status)
         else:
             self._progress.update(task, status=status)
+
+
+class BuildProgress:
+    """One bar per build (a matrix entry), advanced by the builder's ``Step i/n`` lines."""
+
+    _STEP = re.compile(r"Step (\d+)/(\d+)")
+
+    def __init__(self, names: list[str], console: Console | None = None, enabled: bool = True):
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[status]}"),
+            console=console or Console(stderr=True),
+            disable=not enabled,
+        )
+        self._tasks = {
+            name: self._progress.add_task(f"build {name}", total=None, status="waiting")
+            for name in names
+        }
+
+    def __enter__(self) -> BuildProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._progress.stop()
+
+    def event(self, name: str, event: dict[str, Any]) -> None:
+        line = str(event.get("stream", "")).strip()
+        match = self._STEP.match(line)
+        if match:
+            step, total = int(match[1]), int(match[2])
+            self._progress.update(
+                self._tasks[name], total=total, completed=step - 1, status=f"step {step}/{total}"
+            )
+
+    def done(self, name: str, status: str) -> None:
+        task = self._tasks[name]
+        known = self._progress.tasks[task].total or 1
+        self._progress.update(task, total=known, completed=known, status=status)
