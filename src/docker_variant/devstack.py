@@ -27,6 +27,7 @@ __all__ = [
     "StartError",
     "free_port",
     "local_stack",
+    "registry_requests",
     "start_containerd",
     "start_dockerd",
     "start_proxy",
@@ -102,9 +103,16 @@ def _http_ready(url: str) -> Callable[[], bool]:
 
 
 def start_registry(
-    root: Path, htpasswd: Path | None = None, realm: str = "docker-variant", timeout: float = 15
+    root: Path,
+    htpasswd: Path | None = None,
+    realm: str = "docker-variant",
+    timeout: float = 15,
+    *,
+    access_log: bool = False,
 ) -> Service:
-    """Debian's ``docker-registry`` (distribution 2.8) on a free loopback port."""
+    """Debian's ``docker-registry`` (distribution 2.8) on a free loopback port; with
+    ``access_log`` it writes one combined-format line per request to its log (request
+    counts in tests and benchmarks: ``registry_requests``)."""
     binary = shutil.which("docker-registry")
     if binary is None:
         raise StartError("docker-registry is not installed (Debian package docker-registry)")
@@ -116,7 +124,7 @@ def start_registry(
             "log:",
             "  level: error",
             "  accesslog:",
-            "    disabled: true",
+            f"    disabled: {'false' if access_log else 'true'}",
             "http:",
             f"  addr: 127.0.0.1:{port}",
             "storage:",
@@ -137,6 +145,17 @@ def start_registry(
             if "address already in use" not in service.log_tail():
                 raise
     raise StartError("docker-registry: no free port after 3 attempts")
+
+
+def registry_requests(service: Service, method: str = "GET") -> list[str]:
+    """The request paths in a registry's access log (``start_registry(access_log=True)``)."""
+    paths: list[str] = []
+    for line in service.log.read_text(errors="replace").splitlines():
+        _, quote, rest = line.partition('"')
+        parts = rest.split(" ", 2)
+        if quote and len(parts) == 3 and parts[0] == method and parts[1].startswith("/v2/"):
+            paths.append(parts[1])
+    return paths
 
 
 def start_proxy(upstream: str, root: Path, cache_ttl: float = 30, timeout: float = 15) -> Service:
