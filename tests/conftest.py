@@ -109,3 +109,17 @@ def fake_upstream() -> Iterator[FakeUpstream]:
     server = FakeUpstream().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devstack.Service]:
+    """A private containerd (``ctr -a SOCKET``), for pulls as a kubelet makes them."""
+    for tool in ("containerd", "ctr"):
+        if shutil.which(tool) is None:
+            pytest.skip(
+                f"{tool} is not installed (scripts/setup installs docker.io, which brings it)"
+            )
+    service = devstack.start_containerd(Path(f"/tmp/dv-ctrd-{tmp_path_factory.getbasetemp().name}"))
+    yield service
+    service.stop()
+    shutil.rmtree(service.root, ignore_errors=True)

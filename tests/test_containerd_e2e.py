@@ -6,7 +6,6 @@ the header on its first request, a HEAD, then fetches by digest)."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -25,19 +24,6 @@ pytestmark = pytest.mark.e2e
 REPO = "ctrd/app"
 H200 = {"nvidia": nvidia_features((12, 8), (9, 0)), "x86_64": {"level": ["v4", "v3", "v2", "v1"]}}
 OLD_CPU = {"x86_64": {"level": ["v2", "v1"]}}
-
-
-@pytest.fixture(scope="module")
-def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devstack.Service]:
-    for tool in ("containerd", "ctr"):
-        if shutil.which(tool) is None:
-            pytest.skip(
-                f"{tool} is not installed (scripts/setup installs docker.io, which brings it)"
-            )
-    service = devstack.start_containerd(Path(f"/tmp/dv-ctrd-{tmp_path_factory.getbasetemp().name}"))
-    yield service
-    service.stop()
-    shutil.rmtree(service.root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

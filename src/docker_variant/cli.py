@@ -75,8 +75,7 @@ PlatformOpt = Annotated[
     typer.Option(
         "--platform",
         envvar="DOCKER_DEFAULT_PLATFORM",
-        help="os/arch[/variant] to choose for, as docker pull (default: the host lists' "
-        "CPU, else this machine).",
+        help="os/arch[/variant] to choose for, as docker pull (default: this machine's).",
     ),
 ]
 IndexOpt = Annotated[
@@ -217,16 +216,12 @@ def _target(ref: str | None, index: str | None) -> Target:
 
 
 def _select(opts: Options, target: Target, platform: str | None) -> Selection:
-    from docker_variant.variant.platform import Platform, host_platform, platform_of_lists
+    from docker_variant.variant.platform import Platform, host_platform
 
-    host = opts.host().host
-    # A providers file describes some other node: its CPU namespace says its platform.
-    chosen = (
-        Platform.parse(platform, "--platform")
-        if platform
-        else platform_of_lists(host) or host_platform()
-    )
-    return select(target.index, host, chosen)
+    # As docker pull: the engine's machine unless --platform says otherwise, also when a
+    # providers file describes the host's devices.
+    chosen = Platform.parse(platform, "--platform") if platform else host_platform()
+    return select(target.index, opts.host().host, chosen)
 
 
 def _report_no_match(selection: Selection, target: Target) -> None:
