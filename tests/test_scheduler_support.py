@@ -70,7 +70,9 @@ def agent_body(
 
 
 def agent_report(agent_id: str, body: Mapping[str, Any]) -> AgentReport:
-    return AgentReport(agent_id, body["resource_group"], body["host"], body["devices"])
+    return AgentReport(
+        agent_id, body["resource_group"], body["host"], body["devices"], body.get("platform")
+    )
 
 
 #: The section 5 document used throughout: four CUDA builds, a CPU build, null and bare.

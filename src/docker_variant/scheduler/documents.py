@@ -14,6 +14,7 @@ from typing import Any
 from docker_variant.errors import InvalidInputError
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.model import SupportedLists, parse_supported_lists
+from docker_variant.variant.platform import Platform
 
 __all__ = [
     "DEFAULT_RESOURCE_GROUP",
@@ -54,6 +55,7 @@ class AgentReport:
     resource_group: str
     host: SupportedLists
     devices: Mapping[str, Mapping[str, SupportedLists]]
+    platform: str | None = None  # os/arch[/variant]; None: from the host lists' CPU namespace
 
 
 def _object(value: object, what: str) -> dict[str, Any]:
@@ -72,7 +74,8 @@ def _unknown_keys(data: Mapping[str, Any], known: set[str], what: str) -> None:
 def parse_agent_report(data: object, path_agent_id: str) -> AgentReport:
     """``{"agent_id", "resource_group", "host", "devices"}`` as PUT to ``/v1/agents/{id}``."""
     report = _object(data, "an agent report")
-    _unknown_keys(report, {"agent_id", "resource_group", "host", "devices"}, "agent report")
+    known = {"agent_id", "resource_group", "host", "devices", "platform"}
+    _unknown_keys(report, known, "agent report")
     agent_id = check_agent_id(path_agent_id)
     if "agent_id" in report and report["agent_id"] != agent_id:
         raise InvalidInputError(
@@ -89,7 +92,10 @@ def parse_agent_report(data: object, path_agent_id: str) -> AgentReport:
             _check_name(device_id, _DEVICE_ID, f"devices.{name}: device id")
             where = f"agent {agent_id}: device {name}/{device_id}"
             devices[name][device_id] = parse_supported_lists(lists, where)
-    return AgentReport(agent_id, group, host, devices)
+    platform = report.get("platform")
+    if platform is not None:
+        platform = str(Platform.parse(platform, f"agent {agent_id}: platform"))
+    return AgentReport(agent_id, group, host, devices, platform)
 
 
 @dataclass(frozen=True)

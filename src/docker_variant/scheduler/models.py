@@ -58,6 +58,7 @@ agents = Table(
     Column("host_profile", String(_HASH), ForeignKey("profiles.id"), nullable=False),
     Column("first_seen", Float, nullable=False),  # epoch seconds
     Column("last_seen", Float, nullable=False),
+    Column("platform", String(64), nullable=True),  # as reported; NULL: from the CPU lists
 )
 
 devices = Table(

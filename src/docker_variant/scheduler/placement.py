@@ -32,12 +32,13 @@ import json
 import re
 from collections import Counter
 from collections.abc import Container, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from docker_variant.scheduler.documents import AgentReport
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.model import SupportedLists
+from docker_variant.variant.platform import Platform, platform_of_lists
 from docker_variant.variant.selection import Candidate, select
 from docker_variant.variant.virtual import virtual_host
 
@@ -78,6 +79,7 @@ class Node:
     agent_id: str
     host: ProfileKey
     devices: Mapping[str, Sequence[Device]] = field(default_factory=dict)
+    platform: str | None = None  # as reported; None: the host lists' CPU namespace says
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,7 @@ def build_pool(
                 ]
                 for name, members in report.devices.items()
             },
+            report.platform,
         )
         for report in reports
     ]
@@ -174,7 +177,7 @@ class Judge:
         self.index = index
         self.profiles = profiles
         self._namespaces = sorted({ns for v in index.variants.values() for ns in v.namespaces})
-        self._by_pair: dict[tuple[ProfileKey, ProfileKey | None], DeviceClass] = {}
+        self._by_pair: dict[tuple[ProfileKey, ProfileKey | None, str | None], DeviceClass] = {}
         self._by_key: dict[str, DeviceClass] = {}
 
     def lists(self, host: ProfileKey, device: ProfileKey | None) -> SupportedLists:
@@ -184,20 +187,31 @@ class Judge:
             merged.update(self.profiles[device])
         return merged
 
-    def classify(self, host: ProfileKey, device: ProfileKey | None = None) -> DeviceClass:
-        found = self._by_pair.get((host, device))
+    def platform(self, node: Node) -> str | None:
+        """The node's platform: as reported, else what its host lists' CPU namespace says."""
+        if node.platform is not None:
+            return node.platform
+        implied = platform_of_lists(self.profiles[node.host])
+        return str(implied) if implied is not None else None
+
+    def classify(
+        self, host: ProfileKey, device: ProfileKey | None = None, platform: str | None = None
+    ) -> DeviceClass:
+        found = self._by_pair.get((host, device, platform))
         if found is None:
             merged = self.lists(host, device)
             relevant = {ns: merged[ns] for ns in self._namespaces if ns in merged}
-            key = json.dumps(relevant, separators=(",", ":"))
+            key = json.dumps([platform, relevant], separators=(",", ":"))
             found = self._by_key.get(key)
             if found is None:
-                found = self._by_key[key] = self._compile(key, relevant)
-            self._by_pair[(host, device)] = found
+                found = self._by_key[key] = self._compile(key, relevant, platform)
+            self._by_pair[(host, device, platform)] = found
         return found
 
-    def _compile(self, key: str, lists: SupportedLists) -> DeviceClass:
-        selection = select(self.index, lists)
+    def _compile(self, key: str, lists: SupportedLists, platform: str | None) -> DeviceClass:
+        # Images for other platforms are rejected with the reason ("no linux/arm64 image").
+        on = Platform.parse(platform) if platform is not None else None
+        selection = select(self.index, lists, on)
         ranks = {candidate_key(c): c.rank for c in selection.ranked if c.rank is not None}
         reasons = {
             candidate_key(c): c.reason or "does not fit"
@@ -254,7 +268,8 @@ def _units(pool: Pool, judge: Judge, per_node: int, device_name: str | None) -> 
     units: list[_Unit] = []
     classify = judge.classify
     for node in pool.nodes:
-        host_class = classify(node.host).key
+        platform = judge.platform(node)
+        host_class = classify(node.host, None, platform).key
         if per_node == 0:
             spare = sum(1 for ds in node.devices.values() for d in ds if d.free)
             units.append(_Unit(node, None, (), {}, {host_class: 0}, host_class, spare))
@@ -270,7 +285,8 @@ def _units(pool: Pool, judge: Judge, per_node: int, device_name: str | None) -> 
             for device in devices:
                 class_key = class_of.get(device.profile)
                 if class_key is None:
-                    class_key = class_of[device.profile] = classify(node.host, device.profile).key
+                    class_key = classify(node.host, device.profile, platform).key
+                    class_of[device.profile] = class_key
                 if device.free:
                     spare += 1
                     free[class_key] = free.get(class_key, 0) + 1
@@ -297,8 +313,22 @@ def plan(
     search = _Search(units, judge.classes, reference, nodes, devices_per_node)
     found = search.homogeneous() or search.mixed()
     if found is not None:
-        return found
+        return _on_platform(found, index, pool, judge)
     return Refusal(search.reasons(index, pool, device_name))
+
+
+def _on_platform(found: Plan, index: VariantIndex, pool: Pool, judge: Judge) -> Plan:
+    """The chosen image's manifest for the gang's platform, when all its nodes share one."""
+    chosen = found.candidate
+    image = index.bare if chosen.label is None else index.images.get(chosen.label)
+    nodes = {node.agent_id: node for node in pool.nodes}
+    platforms = {judge.platform(nodes[a.agent_id]) for a in found.allocations}
+    if image is None or len(platforms) != 1 or None in platforms:
+        return found
+    picked = image.on(Platform.parse(str(platforms.pop())))
+    if picked is None:
+        return found
+    return replace(found, candidate=replace(chosen, digest=picked[0], platform=picked[1]))
 
 
 @dataclass(frozen=True, order=True)

@@ -74,7 +74,7 @@ class _PoolRows:
     """The agents and devices of a pool at one ``pool_version``."""
 
     version: int
-    agents: list[tuple[str, ProfileKey]]  # (agent_id, host profile), by agent id
+    agents: list[tuple[str, ProfileKey, str | None]]  # (agent_id, host profile, platform)
     last_seen: dict[str, float]
     devices: dict[str, dict[str, list[tuple[str, ProfileKey]]]]  # agent -> name -> (id, profile)
 
@@ -184,11 +184,11 @@ class Store:
                     }
                 )
         now = self.clock()
-        group, host = report.resource_group, profile_key(report.host)
+        group, host, platform = report.resource_group, profile_key(report.host), report.platform
         reported = {(r["device_name"], r["device_id"]): r["profile"] for r in rows}
         with self._write(f"recording agent {report.agent_id}") as conn:
             before = conn.execute(
-                select(agents.c.resource_group, agents.c.host_profile).where(
+                select(agents.c.resource_group, agents.c.host_profile, agents.c.platform).where(
                     agents.c.agent_id == report.agent_id
                 )
             ).first()
@@ -198,7 +198,8 @@ class Store:
                     select(devices).where(devices.c.agent_id == report.agent_id)
                 )
             }
-            changed = before is None or tuple(before) != (group, host) or known != reported
+            changed = before is None or tuple(before) != (group, host, platform)
+            changed = changed or known != reported
             if changed:
                 self._ensure_profiles(conn, documents)
             upsert = self._insert(conn, agents).values(
@@ -207,6 +208,7 @@ class Store:
                 host_profile=host,
                 first_seen=now,
                 last_seen=now,
+                platform=platform,
             )
             conn.execute(
                 upsert.on_conflict_do_update(
@@ -215,6 +217,7 @@ class Store:
                         "resource_group": upsert.excluded.resource_group,
                         "host_profile": upsert.excluded.host_profile,
                         "last_seen": upsert.excluded.last_seen,
+                        "platform": upsert.excluded.platform,
                     },
                 )
             )
@@ -306,6 +309,7 @@ class Store:
                 "first_seen": _iso(row.first_seen),
                 "last_seen": _iso(row.last_seen),
                 "alive": self._alive(row.last_seen, now),
+                "platform": row.platform,
                 "devices": summary,
             }
             if detail:
@@ -343,7 +347,7 @@ class Store:
             return cached
         agent_rows, device_rows, _ = self._agent_rows(conn, resource_group, with_allocations=False)
         # rows unpacked as tuples (columns in table order): named access costs ~5x more
-        used = {host for _, _, host, _, _ in agent_rows}
+        used = {host for _, _, host, _, _, _ in agent_rows}
         used |= {profile for _, _, _, profile in device_rows}
         self._profile_documents(conn, used)
         by_agent: dict[str, dict[str, list[tuple[str, ProfileKey]]]] = {}
@@ -351,8 +355,8 @@ class Store:
             by_agent.setdefault(agent, {}).setdefault(name, []).append((device, profile))
         fresh = _PoolRows(
             version,
-            [(agent, host) for agent, _, host, _, _ in agent_rows],
-            {agent: seen for agent, _, _, _, seen in agent_rows},
+            [(agent, host, platform) for agent, _, host, _, _, platform in agent_rows],
+            {agent: seen for agent, _, _, _, seen, _ in agent_rows},
             by_agent,
         )
         if len(self._pools) >= _CACHED_POOLS:
@@ -373,7 +377,7 @@ class Store:
             taken = {tuple(row) for row in conn.execute(query)}
         now = self.clock()
         nodes, left_out = [], {}
-        for agent, host in rows.agents:
+        for agent, host, platform in rows.agents:
             last_seen = rows.last_seen.get(agent, 0.0)
             if not self._alive(last_seen, now):
                 age, ttl = int(now - last_seen), self.agent_ttl
@@ -383,7 +387,7 @@ class Store:
                 name: [Device(d, p, (agent, name, d) not in taken) for d, p in members]
                 for name, members in rows.devices.get(agent, {}).items()
             }
-            nodes.append(Node(agent, host, devices_of))
+            nodes.append(Node(agent, host, devices_of, platform))
         scope = f" in resource group {resource_group!r}" if resource_group is not None else ""
         return Pool(nodes, self._profiles, left_out, scope)
 
@@ -428,6 +432,7 @@ class Store:
             "variant": candidate.label,  # None for the bare image
             "image": image_of(candidate),
             "digest": candidate.digest or None,
+            "platform": candidate.platform,  # whose manifest "digest" is, when listed
             "homogeneous": chosen.homogeneous,
             "resource_group": request.resource_group,
             "nodes": request.nodes,

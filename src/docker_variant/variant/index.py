@@ -33,6 +33,16 @@ class ImageRef:
     digest: str
     platforms: Mapping[str, str] = field(default_factory=dict)
 
+    def on(self, platform: Platform | None) -> tuple[str, str | None] | None:
+        """``(digest to pull, platform key)`` for a host of ``platform``; ``None`` when the
+        image lists platforms and none matches (Docker's matching)."""
+        if platform is None or not self.platforms:
+            return self.digest, None
+        for key, digest in sorted(self.platforms.items()):
+            if platform.matches(Platform.parse(key)):
+                return digest, key
+        return None
+
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"tag": self.tag, "digest": self.digest}
         if self.platforms:

@@ -65,7 +65,7 @@ def select(
     for label, image in [*index.images.items(), (None, index.bare)]:
         if image is None:
             continue
-        picked = _platform_digest(image, platform)
+        picked = image.on(platform)
         if picked is None:
             assert platform is not None
             reason = f"no {platform} image (it has {', '.join(sorted(image.platforms))})"
@@ -100,17 +100,6 @@ def select(
     rejected.sort(key=lambda c: (c.label is None, c.label or ""))
     rejected += [Candidate(None, i.tag, "", "invalid", reason=i.error) for i in index.invalid]
     return Selection(ranked, rejected)
-
-
-def _platform_digest(image: ImageRef, platform: Platform | None) -> tuple[str, str | None] | None:
-    """``(digest to pull, platform key)`` of ``image`` for a host of ``platform``; ``None``
-    when the image lists platforms and none matches."""
-    if platform is None or not image.platforms:
-        return image.digest, None
-    for key, digest in sorted(image.platforms.items()):
-        if platform.matches(Platform.parse(key)):
-            return digest, key
-    return None
 
 
 def _candidate(
