@@ -327,3 +327,30 @@ def test_a_long_rate_limit_fails_naming_it(
     assert "3600 s" in line
     requests = [r for r in fake_upstream.requests if r.path.endswith("/manifests/1.0")]
     assert len(requests) == 1  # no retry when the wait is beyond the bound
+
+
+def test_proxy_reads_a_published_index_in_one_request_and_invalidates_on_its_put(
+    tmp_path: Path, image_builder: ImageBuilder, cli_env: dict[str, str]
+) -> None:
+    start_registry(tmp_path / "probe").service.stop()  # skips where the binary is missing
+    upstream = devstack.start_registry(tmp_path / "counted", access_log=True)
+    proxy = devstack.start_proxy(upstream.url, tmp_path / "proxy", cache_ttl=300)
+    try:
+        dest = f"{upstream.address}/pp/app"
+        for label, level in [("v1", "v1"), ("v2", "v2")]:
+            labels = variant_labels(label, x86_64__level=level)
+            image_builder.build_and_push(f"{dest}:1.0.0-{label}", labels)
+        url = f"{proxy.url}/v2/pp/app/_variants/1.0.0"
+        assert sorted(httpx.get(url).json()["variants"]) == ["v1", "v2"]  # scanned, cached
+        image_builder.build_and_push(f"{dest}:1.0.0-v3", variant_labels("v3", x86_64__level="v3"))
+        assert sorted(httpx.get(url).json()["variants"]) == ["v1", "v2"]  # still cached
+        done = cli("publish", f"{proxy.address}/pp/app:1.0.0", env=cli_env)
+        assert done.returncode == 0, done.stderr
+        before = len(devstack.registry_requests(upstream))
+        fresh = httpx.get(url)
+        assert sorted(fresh.json()["variants"]) == ["v1", "v2", "v3"]  # the PUT invalidated
+        cold = devstack.registry_requests(upstream)[before:]
+        assert cold == ["/v2/pp/app/manifests/1.0.0"]  # one request: the index
+    finally:
+        proxy.stop()
+        upstream.stop()
