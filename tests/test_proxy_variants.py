@@ -557,3 +557,32 @@ def test_a_refused_owner_does_not_refuse_its_waiters(
     assert anonymous.headers["www-authenticate"] == "Basic"
     assert good.status_code == 200, good.text
     assert set(good.json()["variants"]) == {"cu128"}
+
+
+def test_rate_limited_upstream_is_waited_out_briefly_then_passed_on(
+    fake_proxy: tuple[FakeUpstream, ProxyServer],
+) -> None:
+    fake, proxy = fake_proxy
+    digest = _serve_good(fake)
+    limited = json.dumps({"errors": [{"code": "TOOMANYREQUESTS", "message": "slow down"}]})
+    calls: list[int] = []
+
+    def once(_: object) -> Reply:
+        calls.append(1)
+        if len(calls) == 1:
+            return Reply(429, limited.encode(), {"Retry-After": "0"})
+        return Reply(200, json.dumps({"name": "g/app", "tags": ["1.0-cu128"]}).encode())
+
+    fake.routes["/v2/g/app/tags/list"] = once
+    good = httpx.get(f"{proxy.url}/v2/g/app/_variants/1.0")
+    assert good.status_code == 200, good.text
+    assert good.json()["images"]["cu128"]["digest"] == digest and len(calls) == 2
+    # a wait beyond the bound: the caller gets the 429 and its Retry-After, nothing cached
+    fake.routes["/v2/g/app/tags/list"] = Reply(429, limited.encode(), {"Retry-After": "3600"})
+    refused = httpx.get(
+        f"{proxy.url}/v2/g/app/_variants/1.0", headers={"Cache-Control": "no-cache"}
+    )
+    assert refused.status_code == 429
+    assert refused.headers["retry-after"] == "3600"
+    assert refused.json()["errors"][0]["code"] == "TOOMANYREQUESTS"
+    assert "rate limited" in refused.json()["errors"][0]["message"]

@@ -228,6 +228,8 @@ class VariantService:
                 timeout=self.upstream.timeout,
                 max_concurrency=_SCAN_CONCURRENCY,
                 transport=BorrowedTransport(self.upstream.transport),
+                # 429s are waited out only well within the scan's own deadline
+                rate_limit_wait=self.upstream.timeout / 3,
             ) as client,
         ):
             index = await read_version(client, name, version)
