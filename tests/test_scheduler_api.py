@@ -55,9 +55,13 @@ def shared_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Clien
 
 
 @contextlib.contextmanager
-def client_for(store: Store, fetch: Any = None) -> Iterator[httpx.Client]:
-    """The API on a real socket (uvicorn in a thread), and a client for it."""
-    with SchedulerServer(store, fetch) as server, httpx.Client(base_url=server.url) as client:
+def client_for(store: Store, fetch: Any = None, **options: Any) -> Iterator[httpx.Client]:
+    """The API on a real socket (uvicorn in a thread), and a client for it; ``options``
+    go to ``create_app`` (tokens, registries)."""
+    with (
+        SchedulerServer(store, fetch, **options) as server,
+        httpx.Client(base_url=server.url) as client,
+    ):
         yield client
 
 
@@ -144,7 +148,7 @@ def test_bad_agent_reports_are_400_naming_the_value(
 def test_body_that_is_not_json_is_400(shared_api: httpx.Client) -> None:
     response = shared_api.put("/v1/agents/node", content=b"{nope")
     assert response.status_code == 400
-    assert error_message(response).startswith("request body is not JSON:")
+    assert error_message(response).startswith("request body: not valid JSON (")
 
 
 # --------------------------------------------------------------------------- placements
@@ -311,11 +315,11 @@ def test_bad_placement_requests_are_400(shared_api: httpx.Client, body: Any, mes
 def test_image_reference_is_resolved_through_the_fetcher(sqlite_store: Store) -> None:
     seen: list[str] = []
 
-    def fetch(ref: str) -> tuple[Reference, VariantIndex]:
-        seen.append(ref)
-        return parse_reference(ref), VariantIndex.from_json(INDEX, ref)
+    def fetch(ref: str | Reference) -> tuple[Reference, VariantIndex]:
+        seen.append(str(ref))
+        return parse_reference(str(ref)), VariantIndex.from_json(INDEX, str(ref))
 
-    with client_for(sqlite_store, fetch) as api:
+    with client_for(sqlite_store, fetch, registries=["reg.example:5000"]) as api:
         put_agent(api, "b200", agent_body(B200_R580, 2))
         response = api.post(
             "/v1/placements",
@@ -327,11 +331,13 @@ def test_image_reference_is_resolved_through_the_fetcher(sqlite_store: Store) ->
     assert seen == ["reg.example:5000/ml/app:2.0"]
 
 
-def test_registry_down_is_502(shared_api: httpx.Client) -> None:
-    ref = f"127.0.0.1:{free_port()}/ml/app:2.0"
-    response = shared_api.post(
-        "/v1/placements", json={"image": ref, "nodes": 1, "devices_per_node": 1}
-    )
+def test_registry_down_is_502(sqlite_store: Store) -> None:
+    registry = f"127.0.0.1:{free_port()}"
+    with client_for(sqlite_store, registries=[registry]) as api:
+        response = api.post(
+            "/v1/placements",
+            json={"image": f"{registry}/ml/app:2.0", "nodes": 1, "devices_per_node": 1},
+        )
     assert response.status_code == 502
     message = error_message(response)
     assert message.startswith("the registry is unavailable:") and "ml/app" in message
@@ -339,7 +345,7 @@ def test_registry_down_is_502(shared_api: httpx.Client) -> None:
 
 @pytest.mark.e2e
 def test_placement_of_an_image_in_a_real_registry(
-    registry: RunningRegistry, image_builder: ImageBuilder, api: httpx.Client
+    registry: RunningRegistry, image_builder: ImageBuilder, store: Store
 ) -> None:
     repo = "scheduler/app"
     for label, cuda, sm in (("cu128", "12.8", "90_real"), ("cu122", "12.2", "80_real")):
@@ -351,13 +357,14 @@ def test_placement_of_an_image_in_a_real_registry(
                 "dev.pep817.variant.nvidia.sm_arch": sm,
             },
         )
-    put_agent(api, "a100", agent_body(A100_R535, 1))
-    body = {"image": f"{registry.host}/{repo}:3.0", "nodes": 1, "devices_per_node": 1}
-    response = api.post("/v1/placements", json=body)
+    with client_for(store, registries=[registry.host]) as api:
+        put_agent(api, "a100", agent_body(A100_R535, 1))
+        body = {"image": f"{registry.host}/{repo}:3.0", "nodes": 1, "devices_per_node": 1}
+        response = api.post("/v1/placements", json=body)
+        missing = api.post("/v1/placements", json=body | {"image": f"{registry.host}/{repo}:9"})
     assert response.status_code == 201, response.text
     assert response.json()["image"] == f"{registry.host}/{repo}:3.0-cu122"
     assert response.json()["digest"].startswith("sha256:")
-    missing = api.post("/v1/placements", json=body | {"image": f"{registry.host}/{repo}:9"})
     assert missing.status_code == 404
     assert "no image tagged 9" in error_message(missing)
 

@@ -34,6 +34,7 @@ from docker_variant.providers.nvidia import nvidia_features
 from docker_variant.scheduler import Store, create_app
 from docker_variant.scheduler.app import IndexFetcher
 from docker_variant.scheduler.documents import AgentReport
+from docker_variant.scheduler.tokens import TokenTable
 
 # --------------------------------------------------------------------------- hardware
 
@@ -115,12 +116,23 @@ def gpu_only_index() -> dict[str, Any]:
 class SchedulerServer:
     """The scheduler app under uvicorn on 127.0.0.1, in a thread of the test process."""
 
-    def __init__(self, store: Store, fetch: IndexFetcher | None = None) -> None:
-        app = create_app(store) if fetch is None else create_app(store, fetch=fetch)
+    def __init__(
+        self,
+        store: Store,
+        fetch: IndexFetcher | None = None,
+        *,
+        tokens: TokenTable | None = None,
+        registries: list[str] | None = None,
+        tls: dict[str, Any] | None = None,
+    ) -> None:
+        extra: dict[str, Any] = {} if fetch is None else {"fetch": fetch}
+        app = create_app(store, tokens=tokens, registries=registries, **extra)
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        config = uvicorn.Config(app, log_config=None, log_level="warning", lifespan="off")
+        config = uvicorn.Config(
+            app, log_config=None, log_level="warning", lifespan="off", **(tls or {})
+        )
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True

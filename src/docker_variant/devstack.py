@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,10 +47,11 @@ class Service:
     address: str  # "127.0.0.1:PORT", or "unix:///.../docker.sock" for the engine
     root: Path
     log: Path
+    scheme: str = "http"
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}"
+        return f"{self.scheme}://{self.address}"
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -178,21 +179,37 @@ def start_proxy(upstream: str, root: Path, cache_ttl: float = 30, timeout: float
     return _wait(service, _http_ready(f"{service.url}/healthz"), timeout)
 
 
-def start_scheduler(root: Path, db_url: str | None = None, timeout: float = 20) -> Service:
-    """``variant-scheduler serve`` on a free loopback port (SQLite under ``root`` by default)."""
+def start_scheduler(
+    root: Path,
+    db_url: str | None = None,
+    timeout: float = 20,
+    *,
+    extra: Sequence[str] = (),
+    scheme: str = "http",
+    host: str = "127.0.0.1",
+) -> Service:
+    """``variant-scheduler serve`` on a free port of ``host`` (SQLite under ``root`` by
+    default); ``extra`` arguments go to ``serve`` (``--tokens``, ``--tls-cert``...)."""
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
     argv = [
         sys.executable, "-m", "docker_variant.scheduler", "serve", "--log-level", "warning",
-        "--db", db_url or f"sqlite:///{root / 'scheduler.db'}", "--listen", f"127.0.0.1:{port}",
+        "--db", db_url or f"sqlite:///{root / 'scheduler.db'}", "--listen", f"{host}:{port}",
+        *extra,
     ]  # fmt: skip
     process, log = _spawn("scheduler", argv, root)
-    service = Service("variant-scheduler", process, f"127.0.0.1:{port}", root, log)
+    service = Service("variant-scheduler", process, f"127.0.0.1:{port}", root, log, scheme)
+    return _wait(service, _listening(port), timeout)
+
+
+def _listening(port: int) -> Callable[[], bool]:
+    """Ready when the port accepts connections (TLS and tokens make HTTP probes awkward)."""
 
     def ready() -> bool:
-        return httpx.get(f"{service.url}/healthz", timeout=1).status_code == 200
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
 
-    return _wait(service, ready, timeout)
+    return ready
 
 
 def start_dockerd(root: Path, timeout: float = 60) -> Service:

@@ -7,6 +7,13 @@ the command line maps exceptions to exit codes in exactly one place.
 from __future__ import annotations
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """Collapse whitespace (upstream messages may span lines) and cap the length: every
+    message this package prints or serves is one line."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
 class DockerVariantError(Exception):
     """Base of every error docker-variant raises on purpose."""
 

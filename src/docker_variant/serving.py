@@ -1,6 +1,6 @@
-"""Process plumbing shared by the two servers, ``variant-proxy`` and ``variant-scheduler``:
-one-line argument errors (exit 2), listen addresses, a pre-bound socket (so a busy port is
-reported before start-up), and JSON log lines."""
+"""Plumbing shared by the two servers, ``variant-proxy`` and ``variant-scheduler``: one-line
+argument errors (exit 2), listen addresses, a pre-bound socket (so a busy port is reported
+before start-up), JSON log lines, and the OCI error body both answer with."""
 
 from __future__ import annotations
 
@@ -10,22 +10,115 @@ import json
 import logging
 import math
 import socket
+import ssl
 import sys
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from docker_variant.errors import InvalidInputError
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response
+
+from docker_variant.errors import InvalidInputError, one_line
+from docker_variant.oci.errors import (
+    BadUpstreamResponseError,
+    NotFoundError,
+    RegistryAuthError,
+    UpstreamUnavailableError,
+)
+from docker_variant.oci.reference import is_loopback as registry_is_loopback
 
 __all__ = [
+    "JSON",
     "LOG_LEVELS",
+    "BodyTooLargeError",
     "JsonFormatter",
     "ServerArgumentParser",
+    "add_tls_arguments",
     "bind_socket",
     "configure_logging",
+    "error_kind",
+    "is_loopback",
+    "oci_error",
     "parse_listen",
+    "read_body",
     "seconds",
+    "timed_out",
+    "tls_options",
 ]
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+JSON = "application/json"
+
+
+def oci_error(
+    status: int,
+    code: str,
+    message: str,
+    detail: object = None,
+    headers: Mapping[str, str] | None = None,
+) -> Response:
+    """``{"errors": [{"code", "message", "detail"}]}``, the distribution spec's error body."""
+    body = {"errors": [{"code": code, "message": one_line(message), "detail": detail}]}
+    return Response(
+        json.dumps(body, sort_keys=True).encode(),
+        status_code=status,
+        headers=dict(headers or {}),
+        media_type=JSON,
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused (``InvalidInputError``) past ``limit`` bytes: a declared
+    ``Content-Length`` over it before anything is read, else as soon as the stream passes
+    it, so no body over its limit is ever held whole."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise BodyTooLargeError(
+            f"request body of {declared} bytes is over the {limit} allowed"
+            if declared.isdigit()
+            else f"Content-Length {declared!r} is not a number"
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLargeError(f"request body is over the {limit} bytes allowed")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class BodyTooLargeError(InvalidInputError):
+    """A request body over its limit (HTTP 413)."""
+
+
+def timed_out(exc: BaseException) -> bool:
+    # RegistryClient raises UpstreamUnavailableError "from" the httpx time-out; there is
+    # no attribute that says "timed out", so follow the explicit causes.
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, httpx.TimeoutException | TimeoutError):
+            return True
+        seen.add(id(current))
+        current = current.__cause__
+    return False
+
+
+def error_kind(exc: BaseException) -> str:
+    """A short label for metrics: timeout, unreachable, bad_response, auth, not_found..."""
+    if timed_out(exc):
+        return "timeout"
+    if isinstance(exc, RegistryAuthError):
+        return "auth"
+    if isinstance(exc, NotFoundError):
+        return "not_found"
+    if isinstance(exc, BadUpstreamResponseError):
+        return "bad_response"
+    if isinstance(exc, UpstreamUnavailableError):
+        return "unreachable" if exc.status is None else "upstream_status"
+    return "error"
 
 
 class ServerArgumentParser(argparse.ArgumentParser):
@@ -54,6 +147,50 @@ def parse_listen(text: str) -> tuple[str, int]:
             f"invalid listen address {text!r}: port {port_text!r} is not a number 0-65535"
         )
     return host, int(port_text)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a listen host) is reachable from this machine only."""
+    return registry_is_loopback(f"[{host}]" if ":" in host else host)
+
+
+def add_tls_arguments(parser: argparse.ArgumentParser, *, client_ca: bool) -> None:
+    parser.add_argument(
+        "--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)"
+    )
+    parser.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
+    if client_ca:
+        parser.add_argument(
+            "--tls-client-ca",
+            metavar="FILE",
+            help="mutual TLS: require client certificates signed by this CA (PEM)",
+        )
+
+
+def tls_options(args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn ``Config`` keywords for ``--tls-cert``/``--tls-key``/``--tls-client-ca``,
+    checked now (``InvalidInputError`` naming the file) rather than at the first handshake."""
+    cert, key = args.tls_cert, args.tls_key
+    client_ca = getattr(args, "tls_client_ca", None)
+    if (cert is None) != (key is None):
+        raise InvalidInputError("--tls-cert and --tls-key go together")
+    if cert is None:
+        if client_ca is not None:
+            raise InvalidInputError("--tls-client-ca needs --tls-cert and --tls-key")
+        return {}
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise InvalidInputError(f"--tls-cert {cert!r} / --tls-key {key!r}: {exc}") from exc
+    options: dict[str, Any] = {"ssl_certfile": cert, "ssl_keyfile": key}
+    if client_ca is not None:
+        try:
+            context.load_verify_locations(client_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise InvalidInputError(f"--tls-client-ca {client_ca!r}: {exc}") from exc
+        options |= {"ssl_ca_certs": client_ca, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    return options
 
 
 def seconds(what: str, minimum: float, strict: bool) -> type[float]:

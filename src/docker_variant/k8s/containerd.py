@@ -14,16 +14,14 @@ should the JSON ever contain a ``'`` (our value grammar has none), a basic strin
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import os
-import re
 import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from docker_variant.errors import InvalidInputError
-from docker_variant.oci.reference import registry_base_url
+from docker_variant.oci.reference import check_registry, registry_base_url
 from docker_variant.variant import SupportedLists
 
 __all__ = [
@@ -41,30 +39,6 @@ HEADER = "X-Variant-Properties"
 #: Above this a header line may be refused by proxies on the way (nginx's default buffer).
 HEADER_WARN_BYTES = 8 * 1024
 CAPABILITIES = ("pull", "resolve")
-_REGISTRY_RE = re.compile(
-    r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.-]+))(?::(?P<port>[0-9]+))?"
-)
-_HOST_LABEL_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-_REGISTRY_RULE = "host[:port] (a DNS name, an IPv4 address or an [IPv6] address; port 1-65535)"
-
-
-def check_registry(registry: str) -> str:
-    """``host[:port]`` as image references name a registry; the hosts directory's name."""
-    match = _REGISTRY_RE.fullmatch(registry)
-    valid = match is not None
-    if match is not None and match["ipv6"] is not None:
-        try:
-            ipaddress.IPv6Address(match["ipv6"])
-        except ValueError:
-            valid = False
-    elif match is not None:
-        host = match["host"]
-        valid = len(host) <= 253 and all(_HOST_LABEL_RE.fullmatch(p) for p in host.split("."))
-    if valid and match is not None and match["port"] is not None:
-        valid = 1 <= int(match["port"]) <= 65535
-    if not valid:
-        raise InvalidInputError(f"registry {registry!r} is not {_REGISTRY_RULE}")
-    return registry
 
 
 def default_server(registry: str) -> str:

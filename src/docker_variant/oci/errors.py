@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 
-from docker_variant.errors import UnreachableError
+from docker_variant.errors import UnreachableError, one_line
 
 __all__ = [
     "BadUpstreamResponseError",
@@ -17,14 +17,7 @@ __all__ = [
     "RegistryAuthError",
     "RegistryError",
     "UpstreamUnavailableError",
-    "one_line",
 ]
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    """Collapse whitespace (upstream messages may span lines) and cap the length."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 class RegistryError(UnreachableError):

@@ -17,6 +17,7 @@ __all__ = [
     "DOCKER_HUB",
     "Reference",
     "check_manifest_reference",
+    "check_registry",
     "check_repository",
     "is_loopback",
     "parse_reference",
@@ -160,6 +161,32 @@ def _check_digest(digest: str, text: str) -> None:
     length = _DIGEST_LENGTHS.get(algorithm)
     if length is not None and (len(encoded) != length or not _HEX_RE.fullmatch(encoded)):
         raise _bad(text, f"digest {digest!r}: {algorithm} needs {length} lowercase hex digits")
+
+
+_REGISTRY_RE = re.compile(
+    r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.-]+))(?::(?P<port>[0-9]+))?"
+)
+_HOST_LABEL_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_REGISTRY_RULE = "host[:port] (a DNS name, an IPv4 address or an [IPv6] address; port 1-65535)"
+
+
+def check_registry(registry: str) -> str:
+    """``host[:port]`` as image references name a registry; the hosts directory's name."""
+    match = _REGISTRY_RE.fullmatch(registry)
+    valid = match is not None
+    if match is not None and match["ipv6"] is not None:
+        try:
+            ipaddress.IPv6Address(match["ipv6"])
+        except ValueError:
+            valid = False
+    elif match is not None:
+        host = match["host"]
+        valid = len(host) <= 253 and all(_HOST_LABEL_RE.fullmatch(p) for p in host.split("."))
+    if valid and match is not None and match["port"] is not None:
+        valid = 1 <= int(match["port"]) <= 65535
+    if not valid:
+        raise InvalidInputError(f"registry {registry!r} is not {_REGISTRY_RULE}")
+    return registry
 
 
 def _host(registry: str) -> str:

@@ -6,12 +6,11 @@ built-in CPU and NVIDIA providers run, plus third-party plugins opted in by name
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from docker_variant.errors import InvalidInputError
+from docker_variant.jsondoc import read_json_file
 from docker_variant.providers.cache import cached_detection
 from docker_variant.providers.report import HostReport
 from docker_variant.variant.model import parse_supported_lists
@@ -24,17 +23,8 @@ ENABLE_PROVIDERS_ENV = "DOCKER_VARIANT_ENABLE_PROVIDERS"
 
 def read_providers_file(path: str | Path) -> HostReport:
     """The PEP's user-supplied static list: ``{namespace: {feature: [values]}}``."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise InvalidInputError(
-            f"providers file {str(path)!r}: cannot read it ({exc.strerror})"
-        ) from exc
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise InvalidInputError(f"providers file {str(path)!r}: not valid JSON ({exc})") from exc
-    return HostReport(parse_supported_lists(data, f"providers file {str(path)!r}"))
+    what = f"providers file {str(path)!r}"
+    return HostReport(parse_supported_lists(read_json_file(path, what), what))
 
 
 def _detect(enabled: Sequence[str], env: Mapping[str, str]) -> HostReport:

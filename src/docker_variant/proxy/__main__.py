@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -24,10 +25,12 @@ from docker_variant.proxy.app import (
 from docker_variant.serving import (
     LOG_LEVELS,
     ServerArgumentParser,
+    add_tls_arguments,
     bind_socket,
     configure_logging,
     parse_listen,
     seconds,
+    tls_options,
 )
 
 __all__ = ["main", "server_config"]
@@ -66,12 +69,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level", choices=LOG_LEVELS, default="info", help="default %(default)s"
     )
+    add_tls_arguments(parser, client_ca=False)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
 
-def server_config(app: Starlette, log_level: str = "info") -> uvicorn.Config:
-    """How the proxy runs under uvicorn (also used by the tests)."""
+def server_config(app: Starlette, log_level: str = "info", **tls: Any) -> uvicorn.Config:
+    """How the proxy runs under uvicorn (also used by the tests); ``tls``: ``tls_options``."""
     return uvicorn.Config(
         app,
         log_config=None,  # our JSON logging (see _configure_logging)
@@ -81,6 +85,7 @@ def server_config(app: Starlette, log_level: str = "info") -> uvicorn.Config:
         server_header=False,
         date_header=False,  # pass the upstream's Date; AccessLog adds ours where none
         timeout_keep_alive=30,  # clients pulling layer after layer reuse connections
+        **tls,
     )
 
 
@@ -90,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         upstream = check_upstream_url(args.upstream)
         host, port = parse_listen(args.listen)
+        tls = tls_options(args)
     except InvalidInputError as exc:
         parser.error(str(exc))
     try:
@@ -100,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_logging(args.log_level)
     app = create_app(upstream, args.cache_ttl, upstream_timeout=args.upstream_timeout)
-    config = server_config(app, args.log_level)
+    config = server_config(app, args.log_level, **tls)
     bound = sock.getsockname()
     logging.getLogger("docker_variant.proxy").info(
         "variant-proxy %s on %s:%s for %s", __version__, bound[0], bound[1], upstream

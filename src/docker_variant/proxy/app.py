@@ -13,19 +13,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route as StarletteRoute
 
-from docker_variant.errors import InvalidInputError
-from docker_variant.oci.errors import one_line
+from docker_variant.errors import InvalidInputError, one_line
 from docker_variant.proxy.blobrelay import BlobRelay
 from docker_variant.proxy.metrics import CONTENT_TYPE_LATEST, AccessLog, ProxyMetrics
 from docker_variant.proxy.names import PathError, Route, RouteKind, parse_v2_path
 from docker_variant.proxy.passthrough import Upstream
-from docker_variant.proxy.responses import oci_error
 from docker_variant.proxy.variants import (
     PROPERTIES_HEADER,
     IndexCache,
     VariantService,
     discover_document,
 )
+from docker_variant.serving import oci_error
 
 __all__ = ["DEFAULT_CACHE_TTL", "DEFAULT_UPSTREAM_TIMEOUT", "check_upstream_url", "create_app"]
 

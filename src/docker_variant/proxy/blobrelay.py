@@ -27,7 +27,7 @@ from starlette.responses import Response
 from docker_variant import __version__
 from docker_variant.proxy.names import Route
 from docker_variant.proxy.passthrough import StreamedResponse, Upstream, proxy_base_url
-from docker_variant.proxy.responses import oci_error
+from docker_variant.serving import oci_error
 
 __all__ = ["BlobRelay"]
 

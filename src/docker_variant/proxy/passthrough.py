@@ -22,10 +22,10 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from docker_variant import __version__
+from docker_variant.errors import one_line
 from docker_variant.oci.client import MANIFEST_ACCEPT
-from docker_variant.oci.errors import one_line
 from docker_variant.proxy.names import Route, RouteKind
-from docker_variant.proxy.responses import oci_error
+from docker_variant.serving import oci_error
 
 __all__ = [
     "BorrowedTransport",

@@ -11,29 +11,36 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 import uvicorn
 from sqlalchemy import exc as sa_exc
 
 from docker_variant import __version__
-from docker_variant.errors import InvalidInputError
-from docker_variant.oci.errors import one_line
+from docker_variant.errors import InvalidInputError, one_line
+from docker_variant.oci.reference import check_registry
 from docker_variant.scheduler.app import create_app
 from docker_variant.scheduler.database import DEFAULT_DB_URL, DatabaseUnavailableError
 from docker_variant.scheduler.store import Store
+from docker_variant.scheduler.tokens import load_tokens
 from docker_variant.serving import (
     LOG_LEVELS,
     ServerArgumentParser,
+    add_tls_arguments,
     bind_socket,
     configure_logging,
+    is_loopback,
     parse_listen,
     seconds,
+    tls_options,
 )
 
 __all__ = ["DEFAULT_LISTEN", "main"]
 
 DEFAULT_LISTEN = "127.0.0.1:5090"
 DB_ENV = "VARIANT_SCHEDULER_DB"
+TOKENS_ENV = "VARIANT_SCHEDULER_TOKENS"
+REGISTRIES_ENV = "VARIANT_SCHEDULER_REGISTRIES"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,6 +73,22 @@ def _parser() -> argparse.ArgumentParser:
         help="leave out agents without a heartbeat for this long (default 0: never)",
     )
     serve.add_argument(
+        "--tokens",
+        default=os.environ.get(TOKENS_ENV),
+        metavar="FILE",
+        help=f"bearer tokens and their roles (TOML; default ${TOKENS_ENV}); without it the "
+        "server listens on loopback only",
+    )
+    serve.add_argument(
+        "--registry",
+        action="append",
+        default=[r for r in os.environ.get(REGISTRIES_ENV, "").split(",") if r],
+        metavar="HOST[:PORT]",
+        help='a registry {"image": REF} may name (repeat; default $'
+        f'{REGISTRIES_ENV}, comma-separated); without any, only {{"index": ...}} is taken',
+    )
+    add_tls_arguments(serve, client_ca=True)
+    serve.add_argument(
         "--log-level", choices=LOG_LEVELS, default="info", help="default %(default)s"
     )
     return parser
@@ -76,6 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         host, port = parse_listen(args.listen)
+        tls = tls_options(args)
+        tokens = load_tokens(Path(args.tokens)) if args.tokens else None
+        registries = [check_registry(r) for r in args.registry]
+        if tokens is None and not is_loopback(host):
+            raise InvalidInputError(
+                f"--listen {args.listen}: without --tokens the scheduler serves loopback only "
+                "(anyone who can reach it may do anything); give --tokens FILE"
+            )
         store = Store.open(args.db, agent_ttl=args.agent_ttl)
     except InvalidInputError as exc:
         parser.error(str(exc))
@@ -92,14 +123,23 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level)
     bound = sock.getsockname()
     logging.getLogger("docker_variant.scheduler").info(
-        "variant-scheduler %s on %s:%s, database %s", __version__, bound[0], bound[1], store.url
+        "variant-scheduler %s on %s:%s, database %s, %s, %s",
+        __version__,
+        bound[0],
+        bound[1],
+        store.url,
+        f"{len(tokens)} tokens" if tokens is not None else "no authentication (loopback only)",
+        "TLS" + (" with client certificates" if "ssl_ca_certs" in tls else "")
+        if tls
+        else "plain HTTP",
     )
     config = uvicorn.Config(
-        create_app(store),
+        create_app(store, tokens=tokens, registries=registries),
         log_config=None,
         log_level=args.log_level,
         lifespan="off",
         server_header=False,
+        **tls,
     )
     try:
         uvicorn.Server(config).run(sockets=[sock])

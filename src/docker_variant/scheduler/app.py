@@ -4,19 +4,20 @@
 |---|---|
 | ``PUT /v1/agents/{agent_id}`` | heartbeat: the agent's host and device lists (upsert) |
 | ``GET /v1/agents[?resource_group=G]``, ``GET /v1/agents/{agent_id}`` | agents, free and allocated devices |
+| ``DELETE /v1/agents/{agent_id}`` | admin: drain (delete its placements) and deregister |
 | ``POST /v1/placements`` | place an image (or an index) on nodes: 201, or 409 with per-variant reasons |
 | ``GET /v1/placements``, ``GET``/``DELETE /v1/placements/{id}`` | placements; DELETE frees the devices |
 | ``GET /healthz`` | 200 when the database answers, else 503 |
 
-Errors are one line in ``{"errors": [{"code", "message", "detail"}]}``: 400 bad input, 404
-unknown id or image, 502/504 registry failures, 503 database unavailable.
+Errors are one line in ``{"errors": [{"code", "message", "detail"}]}``: 400 bad input, 401
+no or unknown token, 403 wrong role or another client's placement, 404 unknown id or image,
+413 body too large, 502/504 registry failures, 503 database unavailable.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from starlette.applications import Starlette
@@ -26,10 +27,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from docker_variant.errors import InvalidInputError
-from docker_variant.oci.errors import NotFoundError, RegistryError, one_line
-from docker_variant.oci.reference import Reference
+from docker_variant.jsondoc import load_json
+from docker_variant.oci.errors import NotFoundError, RegistryError
+from docker_variant.oci.reference import Reference, parse_reference
 from docker_variant.oci.source import fetch_index
-from docker_variant.proxy.responses import error_kind, oci_error
 from docker_variant.scheduler.database import DatabaseUnavailableError
 from docker_variant.scheduler.documents import (
     check_agent_id,
@@ -38,20 +39,35 @@ from docker_variant.scheduler.documents import (
 )
 from docker_variant.scheduler.placement import Refusal
 from docker_variant.scheduler.store import Store
+from docker_variant.scheduler.tokens import ANONYMOUS, Principal, TokenTable
+from docker_variant.serving import BodyTooLargeError, error_kind, oci_error, read_body
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.selection import Candidate
 
 __all__ = ["IndexFetcher", "create_app"]
 
-IndexFetcher = Callable[[str], tuple[Reference, VariantIndex]]
+IndexFetcher = Callable[[str | Reference], tuple[Reference, VariantIndex]]
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 _log = logging.getLogger("docker_variant.scheduler")
 _MAX_BODY = 16 * 1024 * 1024
+_REALM = "variant-scheduler"
 
 
 class _NotFound(Exception):
     pass
+
+
+class _Unauthorized(Exception):
+    """401: no token, or one the table does not hold."""
+
+    def __init__(self, message: str, *, invalid: bool = False) -> None:
+        super().__init__(message)
+        self.invalid = invalid
+
+
+class _Forbidden(Exception):
+    """403: a valid token whose role may not do this."""
 
 
 def _guard(handler: Endpoint) -> Endpoint:
@@ -62,6 +78,15 @@ def _guard(handler: Endpoint) -> Endpoint:
             return await handler(request)
         except _NotFound as exc:
             return oci_error(404, "NOT_FOUND", str(exc))
+        except _Unauthorized as exc:
+            challenge = f'Bearer realm="{_REALM}"'
+            if exc.invalid:
+                challenge += ', error="invalid_token"'
+            return oci_error(401, "UNAUTHORIZED", str(exc), headers={"WWW-Authenticate": challenge})
+        except _Forbidden as exc:
+            return oci_error(403, "DENIED", str(exc))
+        except BodyTooLargeError as exc:
+            return oci_error(413, "SIZE_INVALID", str(exc))
         except InvalidInputError as exc:
             return oci_error(400, "INVALID_INPUT", str(exc))
         except DatabaseUnavailableError as exc:
@@ -90,31 +115,59 @@ def _registry_failure(exc: RegistryError) -> Response:
 
 
 async def _json_body(request: Request) -> Any:
-    body = await request.body()
-    if len(body) > _MAX_BODY:
-        raise InvalidInputError(f"request body is {len(body)} bytes; at most {_MAX_BODY}")
-    try:
-        return json.loads(body)
-    except ValueError as exc:
-        raise InvalidInputError(f"request body is not JSON: {one_line(str(exc))}") from None
+    return load_json(await read_body(request, _MAX_BODY), "request body")
 
 
-def create_app(store: Store, *, fetch: IndexFetcher = fetch_index) -> Starlette:
-    """The API over ``store``; ``fetch`` turns ``registry/name:version`` into its index."""
+def create_app(
+    store: Store,
+    *,
+    fetch: IndexFetcher = fetch_index,
+    tokens: TokenTable | None = None,
+    registries: Collection[str] | None = None,
+) -> Starlette:
+    """The API over ``store``; ``fetch`` turns ``registry/name:version`` into its index.
+
+    ``tokens``: who may call (SPEC 8 roles); ``None`` lets every caller act as admin, for a
+    server on loopback only. ``registries``: the registries (``host[:port]``) whose images
+    ``{"image": REF}`` may name; ``None`` or empty takes only ``{"index": ...}``, so that no
+    caller can make the scheduler contact a host it was not configured for.
+    """
+    allowed = frozenset(registries or ())
+
+    def caller(request: Request, *roles: str) -> Principal:
+        if tokens is None:
+            return ANONYMOUS
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise _Unauthorized("a bearer token is required (Authorization: Bearer TOKEN)")
+        principal = tokens.find(token.strip())
+        if principal is None:
+            raise _Unauthorized("the bearer token is not valid", invalid=True)
+        if roles and principal.role not in roles and principal.role != "admin":
+            raise _Forbidden(
+                f"a {principal.role} token may not {request.method} {request.url.path}; "
+                f"it needs the {' or '.join(roles)} role"
+            )
+        return principal
 
     @_guard
     async def put_agent(request: Request) -> Response:
-        agent_id = request.path_params["agent_id"]
+        agent_id = check_agent_id(request.path_params["agent_id"])
+        who = caller(request, "agent")
+        if not who.may_report(agent_id):
+            raise _Forbidden(f"the token of agent {who.agent_id!r} may not report {agent_id!r}")
         report = parse_agent_report(await _json_body(request), agent_id)
         return JSONResponse(await run_in_threadpool(store.report_agent, report))
 
     @_guard
     async def list_agents(request: Request) -> Response:
+        caller(request)
         group = request.query_params.get("resource_group")
         return JSONResponse({"agents": await run_in_threadpool(store.list_agents, group)})
 
     @_guard
     async def get_agent(request: Request) -> Response:
+        caller(request)
         agent_id = check_agent_id(request.path_params["agent_id"])
         view = await run_in_threadpool(store.get_agent, agent_id)
         if view is None:
@@ -122,7 +175,35 @@ def create_app(store: Store, *, fetch: IndexFetcher = fetch_index) -> Starlette:
         return JSONResponse(view)
 
     @_guard
+    async def delete_agent(request: Request) -> Response:
+        caller(request, "admin")
+        agent_id = check_agent_id(request.path_params["agent_id"])
+        evicted = await run_in_threadpool(store.delete_agent, agent_id)
+        if evicted is None:
+            raise _NotFound(f"no agent {agent_id!r}")
+        return JSONResponse({"agent_id": agent_id, "placements_deleted": evicted})
+
+    def check_registry(image: str) -> Reference:
+        reference = parse_reference(image)
+        if reference.tag is None:
+            raise InvalidInputError(
+                f"{reference}: a version tag is needed, e.g. {reference.name}:1.0.0"
+            )
+        if reference.registry not in allowed:
+            if not allowed:
+                raise InvalidInputError(
+                    f"image {image!r}: this scheduler resolves no registry images (start it "
+                    'with --registry HOST[:PORT]); send {"index": ...} instead'
+                )
+            raise InvalidInputError(
+                f"image {image!r}: registry {reference.registry!r} is not one this scheduler "
+                f"may contact ({', '.join(sorted(allowed))})"
+            )
+        return reference
+
+    @_guard
     async def post_placement(request: Request) -> Response:
+        who = caller(request, "client")
         wanted = parse_placement_request(await _json_body(request))
         if wanted.index is not None:
             index = wanted.index
@@ -132,12 +213,13 @@ def create_app(store: Store, *, fetch: IndexFetcher = fetch_index) -> Starlette:
 
         else:
             assert wanted.image is not None
-            reference, index = await run_in_threadpool(fetch, wanted.image)
+            checked = check_registry(wanted.image)
+            reference, index = await run_in_threadpool(fetch, checked)
 
             def image_of(candidate: Candidate) -> str:
                 return str(reference.with_tag(candidate.tag))
 
-        outcome = await run_in_threadpool(store.place, index, wanted, image_of)
+        outcome = await run_in_threadpool(store.place, index, wanted, image_of, who.name)
         if isinstance(outcome, Refusal):
             what = wanted.image or "the index"
             message = f"no variant of {what} can be placed on {wanted.nodes} node(s)"
@@ -146,20 +228,30 @@ def create_app(store: Store, *, fetch: IndexFetcher = fetch_index) -> Starlette:
         return JSONResponse(outcome, 201, headers={"Location": location})
 
     @_guard
-    async def list_placements(_request: Request) -> Response:
-        return JSONResponse({"placements": await run_in_threadpool(store.list_placements)})
+    async def list_placements(request: Request) -> Response:
+        who = caller(request, "client")
+        documents = await run_in_threadpool(store.list_placements)
+        mine = [d for d in documents if who.may_own(d.get("owner"))]
+        return JSONResponse({"placements": mine})
 
-    @_guard
-    async def get_placement(request: Request) -> Response:
+    async def owned(request: Request) -> tuple[str, dict[str, Any]]:
+        who = caller(request, "client")
         placement_id = request.path_params["placement_id"]
         document = await run_in_threadpool(store.get_placement, placement_id)
         if document is None:
             raise _NotFound(f"no placement {placement_id!r}")
+        if not who.may_own(document.get("owner")):
+            raise _Forbidden(f"placement {placement_id} belongs to another client")
+        return placement_id, document
+
+    @_guard
+    async def get_placement(request: Request) -> Response:
+        _, document = await owned(request)
         return JSONResponse(document)
 
     @_guard
     async def delete_placement(request: Request) -> Response:
-        placement_id = request.path_params["placement_id"]
+        placement_id, _ = await owned(request)
         if not await run_in_threadpool(store.delete_placement, placement_id):
             raise _NotFound(f"no placement {placement_id!r}")
         return Response(status_code=204)
@@ -167,7 +259,8 @@ def create_app(store: Store, *, fetch: IndexFetcher = fetch_index) -> Starlette:
     @_guard
     async def healthz(_request: Request) -> Response:
         await run_in_threadpool(store.ping)
-        return JSONResponse({"status": "ok", "database": store.url})
+        # the database URL is for the operator of an unauthenticated loopback server only
+        return JSONResponse({"status": "ok"} | ({} if tokens else {"database": store.url}))
 
     return Starlette(
         routes=[
@@ -175,6 +268,7 @@ def create_app(store: Store, *, fetch: IndexFetcher = fetch_index) -> Starlette:
             Route("/v1/agents", list_agents, methods=["GET"]),
             Route("/v1/agents/{agent_id}", put_agent, methods=["PUT"]),
             Route("/v1/agents/{agent_id}", get_agent, methods=["GET"]),
+            Route("/v1/agents/{agent_id}", delete_agent, methods=["DELETE"]),
             Route("/v1/placements", post_placement, methods=["POST"]),
             Route("/v1/placements", list_placements, methods=["GET"]),
             Route("/v1/placements/{placement_id}", get_placement, methods=["GET"]),

@@ -16,8 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, create_engine, event, exc
 from sqlalchemy.engine import URL, make_url
 
-from docker_variant.errors import InvalidInputError, UnreachableError
-from docker_variant.oci.errors import one_line
+from docker_variant.errors import InvalidInputError, UnreachableError, one_line
 
 __all__ = [
     "DEFAULT_DB_URL",

@@ -396,6 +396,7 @@ class Store:
         index: VariantIndex,
         request: PlacementRequest,
         image_of: Callable[[Candidate], str],
+        owner: str = "anonymous",
     ) -> dict[str, Any] | Refusal:
         """Plan on a fresh snapshot and commit; on a conflict, plan again (all or nothing)."""
         label = "?"
@@ -411,7 +412,7 @@ class Store:
                 )
                 if isinstance(outcome, Refusal):
                     return outcome
-                document = self._document(outcome, request, image_of)
+                document = self._document(outcome, request, image_of, owner)
                 if self._commit(outcome, document):
                     return document
             label = outcome.candidate.label or BARE
@@ -424,11 +425,16 @@ class Store:
         )
 
     def _document(
-        self, chosen: Plan, request: PlacementRequest, image_of: Callable[[Candidate], str]
+        self,
+        chosen: Plan,
+        request: PlacementRequest,
+        image_of: Callable[[Candidate], str],
+        owner: str,
     ) -> dict[str, Any]:
         candidate = chosen.candidate
         return {
             "id": uuid.uuid4().hex,
+            "owner": owner,  # the client (token name) that made it
             "variant": candidate.label,  # None for the bare image
             "image": image_of(candidate),
             "digest": candidate.digest or None,
@@ -524,6 +530,35 @@ class Store:
                 select(placements.c.document).order_by(placements.c.created_at, placements.c.id)
             ).scalars()
             return [dict(json.loads(text)) for text in texts]
+
+    def delete_agent(self, agent_id: str) -> list[str] | None:
+        """Drain and deregister: delete every placement holding one of the agent's devices
+        (freeing all their devices), then the agent and its devices. Returns the deleted
+        placements' ids; ``None`` when there is no such agent."""
+        with self._write(f"deleting agent {agent_id}") as conn:
+            exists = conn.execute(
+                select(agents.c.agent_id).where(agents.c.agent_id == agent_id)
+            ).first()
+            if exists is None:
+                return None
+            held = sorted(
+                set(
+                    conn.execute(
+                        select(allocations.c.placement_id).where(allocations.c.agent_id == agent_id)
+                    ).scalars()
+                )
+            )
+            if held:
+                conn.execute(delete(allocations).where(allocations.c.placement_id.in_(held)))
+                conn.execute(delete(placements).where(placements.c.id.in_(held)))
+            conn.execute(delete(devices).where(devices.c.agent_id == agent_id))
+            conn.execute(delete(agents).where(agents.c.agent_id == agent_id))
+            conn.execute(
+                pool_version.update()
+                .where(pool_version.c.id == 1)
+                .values(version=pool_version.c.version + 1)
+            )
+        return held
 
     def delete_placement(self, placement_id: str) -> bool:
         """Free the placement's devices; False when there is no such placement."""

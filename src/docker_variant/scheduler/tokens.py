@@ -1,0 +1,132 @@
+"""Who may call the scheduler: bearer tokens with a role, from a TOML file (``--tokens``).
+
+```toml
+[[token]]
+role = "agent"          # may only PUT the heartbeat of its own agent_id
+agent_id = "h200-a"
+sha256 = "9f86d0..."    # hex SHA-256 of the token (or token = "...", the token itself)
+
+[[token]]
+role = "client"         # may create placements, and list, read and delete its own
+name = "ci"
+token = "..."
+
+[[token]]
+role = "admin"          # anything, including DELETE /v1/agents/{id}
+name = "ops"
+sha256 = "..."
+```
+
+Tokens are kept as SHA-256 digests and compared in constant time (``hmac.compare_digest``
+against every entry), and never logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from docker_variant.errors import InvalidInputError
+from docker_variant.scheduler.documents import check_agent_id
+
+__all__ = ["ANONYMOUS", "Principal", "TokenTable", "load_tokens"]
+
+Role = Literal["agent", "client", "admin"]
+_ROLES: tuple[Role, ...] = ("agent", "client", "admin")
+_HEX = re.compile(r"[0-9a-f]{64}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,63}")
+_MIN_TOKEN = 16
+
+
+@dataclass(frozen=True)
+class Principal:
+    role: Role
+    name: str  # the owner named on placements; an agent's is its agent id
+    agent_id: str | None = None
+
+    def may_report(self, agent_id: str) -> bool:
+        return self.role == "admin" or (self.role == "agent" and self.agent_id == agent_id)
+
+    def may_own(self, owner: str | None) -> bool:
+        return self.role == "admin" or owner == self.name
+
+
+#: The caller when no ``--tokens`` are configured (loopback only): may do anything.
+ANONYMOUS = Principal("admin", "anonymous")
+
+
+class TokenTable:
+    def __init__(self, entries: Iterable[tuple[bytes, Principal]]) -> None:
+        self._entries = list(entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def find(self, token: str) -> Principal | None:
+        """The principal of ``token``; every entry is compared, in constant time."""
+        digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+        found = None
+        for known, principal in self._entries:
+            if hmac.compare_digest(known, digest):
+                found = principal
+        return found
+
+
+def load_tokens(path: Path) -> TokenTable:
+    where = f"tokens file {str(path)!r}"
+    try:
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise InvalidInputError(f"{where}: cannot read it ({exc.strerror})") from exc
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(f"{where}: not UTF-8 text ({exc.reason})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidInputError(f"{where}: not valid TOML ({exc})") from exc
+    raw = data.get("token")
+    if not isinstance(raw, list) or not raw:
+        raise InvalidInputError(f"{where}: no [[token]] entries")
+    entries = [_entry(item, f"{where}: token[{i}]") for i, item in enumerate(raw, start=1)]
+    digests = [d for d, _ in entries]
+    if len(set(digests)) != len(digests):
+        raise InvalidInputError(f"{where}: the same token appears twice")
+    return TokenTable(entries)
+
+
+def _entry(item: object, where: str) -> tuple[bytes, Principal]:
+    if not isinstance(item, Mapping):
+        raise InvalidInputError(f"{where}: must be a table")
+    unknown = sorted(set(item) - {"role", "name", "agent_id", "token", "sha256"})
+    if unknown:
+        raise InvalidInputError(f"{where}: unknown key {unknown[0]!r}")
+    role = item.get("role")
+    if role not in _ROLES:
+        raise InvalidInputError(f"{where}: role {role!r} is not one of agent, client, admin")
+    if ("token" in item) == ("sha256" in item):
+        raise InvalidInputError(f"{where}: give exactly one of token or sha256")
+    if "token" in item:
+        token = item["token"]
+        if not isinstance(token, str) or len(token) < _MIN_TOKEN:
+            raise InvalidInputError(f"{where}: token must be at least {_MIN_TOKEN} characters")
+        digest = hashlib.sha256(token.encode()).digest()
+    else:
+        hexed = item["sha256"]
+        if not isinstance(hexed, str) or not _HEX.fullmatch(hexed):
+            raise InvalidInputError(f"{where}: sha256 must be 64 lowercase hex digits")
+        digest = bytes.fromhex(hexed)
+    if role == "agent":
+        agent_id = check_agent_id(item.get("agent_id"))
+        return digest, Principal("agent", agent_id, agent_id)
+    if "agent_id" in item:
+        raise InvalidInputError(f"{where}: only an agent token names an agent_id")
+    name = item.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidInputError(
+            f"{where}: a {role} token needs a name (letters, digits, . _ : @ + -)"
+        )
+    return digest, Principal(role, name)
