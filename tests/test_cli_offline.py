@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -23,7 +24,10 @@ INDEX = {
         "null": {},
     },
     "images": {
-        label: {"tag": f"1.0.0-{label}", "digest": f"sha256:{label}"}
+        label: {
+            "tag": f"1.0.0-{label}",
+            "digest": "sha256:" + hashlib.sha256(label.encode()).hexdigest(),
+        }
         for label in ("cu128", "cu126", "sm100", "v3", "npu", "null")
     },
     "bare": {"tag": "1.0.0", "digest": "sha256:bare"},
@@ -111,7 +115,11 @@ def test_resolve_and_ls_with_index(files: dict[str, str], tmp_path: Path) -> Non
 def test_no_compatible_variant_exits_1_with_every_reason(
     files: dict[str, str], tmp_path: Path
 ) -> None:
-    doc = {"variants": {k: v for k, v in INDEX["variants"].items() if k in ("cu128", "npu")}}
+    kept = ("cu128", "npu")
+    doc = {
+        "variants": {k: v for k, v in INDEX["variants"].items() if k in kept},
+        "images": {k: v for k, v in INDEX["images"].items() if k in kept},
+    }
     result = run(
         "resolve", "--index", write(tmp_path, "i.json", doc), "--providers-file", files["arm"]
     )
@@ -236,3 +244,64 @@ def test_docker_cli_plugin_protocol(files: dict[str, str]) -> None:
     assert set(metadata) == {"SchemaVersion", "Vendor", "Version", "ShortDescription"}
     result = run("variant", "resolve", "--index", files["index"], "--providers-file", files["h200"])
     assert (result.returncode, result.stdout) == (0, "1.0.0-cu128\n")
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda d: d["images"]["cu128"].update(tag="../../evil tag"), "images.cu128.tag: tag '../../evil tag'"),
+        (lambda d: d["images"]["cu128"].update(digest="notadigest"), "images.cu128.digest: digest 'notadigest'"),
+        (lambda d: d["images"].pop("cu128"), "variant 'cu128' has no entry in 'images'"),
+        (lambda d: d["images"]["cu128"].update(platforms={"linux": "sha256:" + "a" * 64}), "'linux' is not a platform"),
+        (lambda d: d["images"]["cu128"].update(platforms={"linux/amd64": "x"}), "platforms.linux/amd64: digest 'x'"),
+    ],
+    ids=["tag", "digest", "no-image", "platform", "platform-digest"],
+)  # fmt: skip
+def test_every_string_of_the_index_document_is_checked(
+    tmp_path: Path, change: Any, needle: str
+) -> None:
+    doc = json.loads(json.dumps(INDEX))
+    change(doc)
+    result = run("resolve", "--index", write(tmp_path, "i.json", doc))
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip()
+    assert needle in line and "\n" not in line and "Traceback" not in line
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["resolve", "127.0.0.1:99999/app:1"], "port 99999 is not 1-65535"),
+        (["resolve", "--index", "http://[::1:5699/x"], "not a valid URL"),
+        (["install-plugin", "--dir", "/etc/passwd"], "cannot install the plugin there"),
+        (["resolve", "--index", "DEEP"], "nested more than 32 levels"),
+        (["resolve", "--index", "UTF16"], "not UTF-8 text"),
+        (["providers", "--providers-file", "DEEP"], "nested more than 32 levels"),
+        (["providers", "--providers-file", "UTF16"], "not UTF-8 text"),
+        (["providers", "--providers-file", "BINARY"], "not UTF-8 text"),
+        (["resolve", "--platform", "linux", "--index", "GOOD"], "'linux' is not a platform"),
+        (["build", "--matrix", "/nonexistent.toml", "r.example/a:1"], "cannot read it"),
+        (["publish", "r.example/a"], "publish needs registry/name:version"),
+        (["publish", "r.example/a@sha256:" + "a" * 64], "publish needs registry/name:version"),
+    ],
+)
+def test_every_cli_input_error_is_exit_2_in_one_line(
+    tmp_path: Path, args: list[str], needle: str
+) -> None:
+    files = {
+        "DEEP": ("[" * 100_000 + "]" * 100_000).encode(),
+        "UTF16": '{"nvidia": {}}'.encode("utf-16"),
+        "BINARY": bytes(range(256)),
+        "GOOD": json.dumps(INDEX).encode(),
+    }
+    resolved = []
+    for arg in args:
+        if arg in files:
+            path = tmp_path / arg
+            path.write_bytes(files[arg])
+            arg = str(path)
+        resolved.append(arg)
+    result = run(*resolved)
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip()
+    assert needle in line and "\n" not in line and "Traceback" not in line

@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import functools
 import glob
+import hashlib
 import os
 import pwd
 import shutil
@@ -92,7 +93,10 @@ INDEX: dict[str, Any] = {
         "null": {},
     },
     "images": {
-        label: {"tag": f"2.0-{label}", "digest": f"sha256:{label:0>64}"}
+        label: {
+            "tag": f"2.0-{label}",
+            "digest": "sha256:" + hashlib.sha256(label.encode()).hexdigest(),
+        }
         for label in ("cu130", "cu128", "cu126", "cu122", "v3", "null")
     },
     "bare": {"tag": "2.0", "digest": "sha256:" + "b" * 64},

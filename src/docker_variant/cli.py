@@ -16,7 +16,7 @@ import click
 import typer
 from rich.console import Console
 
-from docker_variant.errors import DockerVariantError, InvalidInputError, UnreachableError
+from docker_variant.errors import DockerVariantError, InvalidInputError
 from docker_variant.k8s.claim import DEFAULT_DEVICE_CLASS, MAX_COUNT
 from docker_variant.providers import HostReport, detect_host
 from docker_variant.render import host_table, published_table, selection_json, selection_table
@@ -165,26 +165,14 @@ def labels(
 
 def _load_index(source: str) -> VariantIndex:
     if source.startswith(("http://", "https://")):
-        import httpx
+        from docker_variant.oci.source import download_index
 
-        try:
-            response = httpx.get(source, timeout=30, follow_redirects=True)
-            response.raise_for_status()
-            data = response.json()
-        except httpx.HTTPError as exc:
-            raise UnreachableError(f"index {source}: {exc}") from exc
-        except ValueError as exc:
-            raise UnreachableError(f"index {source}: the answer is not JSON ({exc})") from exc
-    else:
-        try:
-            data = json.loads(Path(source).read_text())
-        except OSError as exc:
-            raise InvalidInputError(
-                f"index file {source!r}: cannot read it ({exc.strerror})"
-            ) from exc
-        except ValueError as exc:
-            raise InvalidInputError(f"index file {source!r}: not valid JSON ({exc})") from exc
-    return VariantIndex.from_json(data, f"index {source}")
+        return download_index(source)
+    from docker_variant.jsondoc import read_json_file
+
+    return VariantIndex.from_json(
+        read_json_file(source, f"index file {source!r}"), f"index {source}"
+    )
 
 
 @dataclass(frozen=True)
@@ -531,13 +519,19 @@ def install_plugin(
         raise InvalidInputError(
             f"cannot find the docker-variant executable (looked at {executable})"
         )
-    root.mkdir(parents=True, exist_ok=True)
     target = root / "docker-variant"
     tmp = target.with_suffix(".tmp")
-    # A wrapper, not a copy: the console script needs its own interpreter and environment.
-    tmp.write_text(f'#!/bin/sh\nexec "{Path(executable).resolve()}" "$@"\n')
-    tmp.chmod(0o755)
-    tmp.replace(target)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        # A wrapper, not a copy: the console script needs its own interpreter and environment.
+        tmp.write_text(f'#!/bin/sh\nexec "{Path(executable).resolve()}" "$@"\n')
+        tmp.chmod(0o755)
+        tmp.replace(target)
+    except OSError as exc:
+        raise InvalidInputError(
+            f"--dir {str(root)!r}: cannot install the plugin there "
+            f"({exc.strerror or type(exc).__name__}); it must be a writable directory"
+        ) from exc
     sys.stdout.write(f"Installed the Docker CLI plugin at {target}; try: docker variant --help\n")
 
 

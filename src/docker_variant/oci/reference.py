@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, replace
 
 from docker_variant.errors import InvalidInputError
+from docker_variant.ocinames import digest_problem, tag_problem
 
 __all__ = [
     "DOCKER_HUB",
@@ -35,11 +36,6 @@ _DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _DOMAIN_RE = re.compile(
     rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
 )
-_TAG_RULE = r"[\w][\w.-]{0,127}"
-_TAG_RE = re.compile(_TAG_RULE, re.ASCII)
-_DIGEST_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}")
-_DIGEST_LENGTHS = {"sha256": 64, "sha512": 128}
-_HEX_RE = re.compile(r"[a-f0-9]+")
 
 _PATH_RULE = "lowercase components [a-z0-9]+(?:(?:[._]|__|[-]*)[a-z0-9]+)* separated by '/'"
 
@@ -127,6 +123,9 @@ def _split_registry(name: str, text: str) -> tuple[str, str]:
     else:
         if not _DOMAIN_RE.fullmatch(first):
             raise _bad(text, f"registry {first!r} is not a valid host[:port]")
+        port = first.rpartition("]")[2].rpartition(":")[2] if ":" in first else ""
+        if port and not 1 <= int(port) <= 65535:
+            raise _bad(text, f"registry {first!r}: port {port} is not 1-65535")
         registry, path = first, remainder
     if registry in _HUB_ALIASES:
         registry = DOCKER_HUB
@@ -150,17 +149,13 @@ def check_manifest_reference(reference: str) -> None:
 
 
 def _check_tag(tag: str, text: str) -> None:
-    if not _TAG_RE.fullmatch(tag):
-        raise _bad(text, f"tag {tag!r} does not match {_TAG_RULE}")
+    if problem := tag_problem(tag):
+        raise _bad(text, problem)
 
 
 def _check_digest(digest: str, text: str) -> None:
-    if not _DIGEST_RE.fullmatch(digest):
-        raise _bad(text, f"digest {digest!r} is not algorithm:hex (at least 32 hex digits)")
-    algorithm, _, encoded = digest.partition(":")
-    length = _DIGEST_LENGTHS.get(algorithm)
-    if length is not None and (len(encoded) != length or not _HEX_RE.fullmatch(encoded)):
-        raise _bad(text, f"digest {digest!r}: {algorithm} needs {length} lowercase hex digits")
+    if problem := digest_problem(digest):
+        raise _bad(text, problem)
 
 
 _REGISTRY_RE = re.compile(

@@ -7,14 +7,18 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from docker_variant.errors import InvalidInputError
+from docker_variant.errors import InvalidInputError, UnreachableError
 from docker_variant.oci.client import RegistryClient
 from docker_variant.oci.errors import NotFoundError, RegistryError
 from docker_variant.oci.reference import Reference, parse_reference
 from docker_variant.oci.scan import read_version
 from docker_variant.variant.index import VariantIndex
 
-__all__ = ["fetch_index", "fetch_index_async", "refresh_proxy_index"]
+__all__ = ["download_index", "fetch_index", "fetch_index_async", "refresh_proxy_index"]
+
+#: ``--index URL``: at most this many bytes, all of them within this many seconds.
+INDEX_DOWNLOAD_LIMIT = 16 << 20
+INDEX_DOWNLOAD_DEADLINE = 30.0
 
 
 async def fetch_index_async(client: RegistryClient, repository: str, version: str) -> VariantIndex:
@@ -44,6 +48,46 @@ def fetch_index(ref: str | Reference, **client_kwargs: Any) -> tuple[Reference, 
             code="MANIFEST_UNKNOWN",
         )
     return reference, index
+
+
+def download_index(
+    url: str, *, limit: int = INDEX_DOWNLOAD_LIMIT, deadline: float = INDEX_DOWNLOAD_DEADLINE
+) -> VariantIndex:
+    """A section 5 document from ``url``: at most ``limit`` bytes within ``deadline`` seconds
+    in all (a slow or endless server is cut off), then checked like a file."""
+    import time
+
+    import httpx
+
+    from docker_variant.jsondoc import load_json
+
+    what = f"index {url}"
+    started = time.monotonic()
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        with httpx.stream("GET", url, timeout=min(deadline, 10.0), follow_redirects=True) as r:
+            if not r.is_success:
+                raise UnreachableError(f"{what}: answered {r.status_code} {r.reason_phrase}")
+            declared = r.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > limit:
+                raise InvalidInputError(f"{what}: {declared} bytes is over the {limit} allowed")
+            for chunk in r.iter_bytes():
+                size += len(chunk)
+                if size > limit:
+                    raise InvalidInputError(f"{what}: more than the {limit} bytes allowed")
+                if time.monotonic() - started > deadline:
+                    raise UnreachableError(f"{what}: not downloaded within {deadline:g} s")
+                chunks.append(chunk)
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+        raise InvalidInputError(f"{what}: not a valid URL ({exc})") from None
+    except httpx.TimeoutException:
+        raise UnreachableError(f"{what}: timed out") from None
+    except httpx.HTTPError as exc:
+        raise UnreachableError(f"{what}: {exc or type(exc).__name__}") from None
+    except ValueError as exc:  # httpx's URL parser on hosts such as [::1:5699
+        raise InvalidInputError(f"{what}: not a valid URL ({exc})") from None
+    return VariantIndex.from_json(load_json(b"".join(chunks), what), what)
 
 
 def refresh_proxy_index(ref: Reference, version: str, **client_kwargs: Any) -> bool:

@@ -11,7 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from docker_variant.errors import InvalidInputError
+from docker_variant.errors import InvalidInputError, one_line
+from docker_variant.ocinames import digest_problem, tag_problem
 from docker_variant.variant.labels import LABEL_KEY, LABEL_PREFIX, read_labels
 from docker_variant.variant.model import Variant, check_namespace
 from docker_variant.variant.ordering import complete_namespace_order, merge_namespace_orders
@@ -119,6 +120,12 @@ class VariantIndex:
         }
         if unknown := sorted(set(images) - set(variants)):
             raise InvalidInputError(f"{source}: images.{unknown[0]} names no variant")
+        # Without its image a variant would be pulled by its label as a tag: refuse it.
+        if imageless := sorted(set(variants) - set(images)):
+            raise InvalidInputError(
+                f"{source}: variant {imageless[0]!r} has no entry in 'images' "
+                '({"tag": ..., "digest": ...}); every variant needs its image'
+            )
         bare = data.get("bare")
         invalid = data.get("invalid") or []
         if not isinstance(invalid, list):
@@ -149,15 +156,23 @@ def _image_ref(data: object, where: str) -> ImageRef:
         or not isinstance(data.get("tag"), str)
         or not isinstance(data.get("digest", ""), str)
     ):
-        raise InvalidInputError(f'{where}: expected {{"tag": ..., "digest": ...}}, got {data!r}')
+        shown = one_line(repr(data), 120)
+        raise InvalidInputError(f'{where}: expected {{"tag": ..., "digest": ...}}, got {shown}')
+    if problem := tag_problem(data["tag"]):
+        raise InvalidInputError(f"{where}.tag: {problem}")
+    digest = data.get("digest", "")
+    if digest and (problem := digest_problem(digest, strict=False)):
+        raise InvalidInputError(f"{where}.digest: {problem}")
     platforms = data.get("platforms") or {}
     if not isinstance(platforms, dict) or not all(isinstance(d, str) for d in platforms.values()):
         raise InvalidInputError(
             f'{where}.platforms: expected {{"os/arch[/variant]": "<manifest digest>"}}'
         )
-    for key in platforms:
+    for key, value in platforms.items():
         Platform.parse(key, f"{where}.platforms")
-    return ImageRef(data["tag"], data.get("digest", ""), dict(platforms))
+        if problem := digest_problem(value, strict=False):
+            raise InvalidInputError(f"{where}.platforms.{key}: {problem}")
+    return ImageRef(data["tag"], digest, dict(platforms))
 
 
 def build_index(version: str, records: Iterable[ImageRecord]) -> VariantIndex:
