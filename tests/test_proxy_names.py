@@ -78,7 +78,8 @@ def test_routes(path: str, expected: Route) -> None:
         ("/v2/a/_variants/-1.0", "TAG_INVALID"),
         ("/v2/a/_variants/", "TAG_INVALID"),
         ("/v2/a/_variants/" + "1" * 129, "TAG_INVALID"),
-        ("/v2/a/manifests/x%20y", "TAG_INVALID"),
+        ("/v2/a/manifests/x%20y", "MANIFEST_UNKNOWN"),  # 404, as the registry answers
+        ("/v2/a/manifests/.INVALID_MANIFEST_NAME", "MANIFEST_UNKNOWN"),
         ("/v2/a/manifests/sha256:", "DIGEST_INVALID"),
         ("/v2/a/blobs/latest", "DIGEST_INVALID"),
         ("/v2/a/blobs/uploads/x%2fy", "BLOB_UPLOAD_INVALID"),

@@ -159,10 +159,20 @@ def registry_requests(service: Service, method: str = "GET") -> list[str]:
     return paths
 
 
-def start_proxy(upstream: str, root: Path, cache_ttl: float = 30, timeout: float = 15) -> Service:
-    """``variant-proxy`` in front of ``upstream``, on a free loopback port."""
+def start_proxy(
+    upstream: str,
+    root: Path,
+    cache_ttl: float = 30,
+    timeout: float = 15,
+    *,
+    port: int | None = None,
+    extra: Sequence[str] = (),
+    scheme: str = "http",
+) -> Service:
+    """``variant-proxy`` in front of ``upstream``, on a free loopback port (or ``port``);
+    ``extra`` arguments go to it (``--tls-cert``, ``--upstream-timeout``...)."""
     root.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = port or free_port()
     argv = [
         sys.executable,
         "-m",
@@ -173,10 +183,12 @@ def start_proxy(upstream: str, root: Path, cache_ttl: float = 30, timeout: float
         f"127.0.0.1:{port}",
         "--cache-ttl",
         str(cache_ttl),
+        *extra,
     ]
     process, log = _spawn("proxy", argv, root)
-    service = Service("variant-proxy", process, f"127.0.0.1:{port}", root, log)
-    return _wait(service, _http_ready(f"{service.url}/healthz"), timeout)
+    service = Service("variant-proxy", process, f"127.0.0.1:{port}", root, log, scheme)
+    ready = _http_ready(f"{service.url}/healthz") if scheme == "http" else _listening(port)
+    return _wait(service, ready, timeout)
 
 
 def start_scheduler(

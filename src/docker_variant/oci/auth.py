@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import os
 import re
@@ -58,6 +59,19 @@ def docker_config_path() -> Path:
     """``$DOCKER_CONFIG/config.json``, else ``~/.docker/config.json``, as Docker reads it."""
     root = os.environ.get("DOCKER_CONFIG")
     return (Path(root) if root else Path.home() / ".docker") / "config.json"
+
+
+def registry_ca_files(registry: str) -> list[Path]:
+    """CA certificates for ``registry`` where Docker keeps them: ``certs.d/<host:port>/*.crt``
+    under ``$DOCKER_CONFIG`` (or ``~/.docker``) and under ``/etc/docker``. A registry with
+    one is spoken to over HTTPS, loopback too, trusting them besides the system's CAs."""
+    roots = [docker_config_path().parent / "certs.d", Path("/etc/docker/certs.d")]
+    found: list[Path] = []
+    for root in roots:
+        folder = root / registry
+        with contextlib.suppress(OSError):
+            found += sorted(p for p in folder.iterdir() if p.suffix == ".crt" and p.is_file())
+    return found
 
 
 def load_credentials(registry: str, config_path: Path | None = None) -> Credentials | None:

@@ -26,7 +26,7 @@ import httpx
 
 from docker_variant import __version__
 from docker_variant.errors import DockerVariantError, InvalidInputError
-from docker_variant.oci.auth import RegistryAuth
+from docker_variant.oci.auth import RegistryAuth, registry_ca_files
 from docker_variant.oci.errors import (
     BadUpstreamResponseError,
     NotFoundError,
@@ -127,6 +127,18 @@ def _system_tls() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
+@functools.cache
+def _tls_with(cafiles: tuple[str, ...]) -> ssl.SSLContext:
+    """The system's trust store plus a registry's own CAs."""
+    context = ssl.create_default_context()
+    for cafile in cafiles:
+        try:
+            context.load_verify_locations(cafile)
+        except (OSError, ssl.SSLError) as exc:
+            raise InvalidInputError(f"CA certificate {cafile!r}: cannot load it ({exc})") from exc
+    return context
+
+
 class RegistryClient:
     """The distribution API of one registry (or a proxy in front of it).
 
@@ -146,6 +158,7 @@ class RegistryClient:
         platform: Platform | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         rate_limit_wait: float = DEFAULT_RATE_LIMIT_WAIT,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise InvalidInputError(f"max_concurrency must be at least 1, got {max_concurrency}")
@@ -162,16 +175,20 @@ class RegistryClient:
             follow_redirects=True,  # blobs may live behind a redirect (S3, CDN)
             limits=httpx.Limits(max_connections=max_concurrency),
             transport=transport,
-            verify=_system_tls(),
+            verify=tls or _system_tls(),
         )
 
     @classmethod
     def for_registry(
         cls, registry: str, *, config_path: Path | None = None, **kwargs: Any
     ) -> RegistryClient:
-        """A client for ``registry`` (``host[:port]``) with Docker's stored credentials."""
+        """A client for ``registry`` (``host[:port]``) with Docker's stored credentials and
+        the CAs Docker keeps for it (``certs.d``)."""
         auth = RegistryAuth.from_docker_config(registry, config_path)
-        return cls(registry_base_url(registry), auth=auth, **kwargs)
+        cas = registry_ca_files(registry)
+        if cas:
+            kwargs.setdefault("tls", _tls_with(tuple(str(p) for p in cas)))
+        return cls(registry_base_url(registry, tls=bool(cas)), auth=auth, **kwargs)
 
     async def __aenter__(self) -> RegistryClient:
         return self

@@ -200,9 +200,10 @@ def is_loopback(registry: str) -> bool:
         return False
 
 
-def registry_base_url(registry: str) -> str:
-    """Where the distribution API of ``registry`` lives: plain HTTP on loopback only."""
+def registry_base_url(registry: str, *, tls: bool = False) -> str:
+    """Where the distribution API of ``registry`` lives: plain HTTP on loopback only, unless
+    ``tls`` (a CA is configured for it)."""
     if registry in _HUB_ALIASES:
         return _HUB_API
-    scheme = "http" if is_loopback(registry) else "https"
+    scheme = "http" if is_loopback(registry) and not tls else "https"
     return f"{scheme}://{registry}"

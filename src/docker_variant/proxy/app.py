@@ -101,7 +101,7 @@ def create_app(
         try:
             route = parse_v2_path(raw_path)
         except PathError as exc:
-            return oci_error(400, exc.code, exc.message, exc.detail)
+            return oci_error(exc.status, exc.code, exc.message, exc.detail)
         if route.kind is RouteKind.BLOB and request.method == "GET":
             relay: BlobRelay = state["relay"]
             return await relay.forward(request, route)  # the bulk data path

@@ -27,7 +27,7 @@ from starlette.responses import Response
 from docker_variant import __version__
 from docker_variant.proxy.names import Route
 from docker_variant.proxy.passthrough import StreamedResponse, Upstream, proxy_base_url
-from docker_variant.serving import oci_error
+from docker_variant.proxy.responses import upstream_error
 
 __all__ = ["BlobRelay"]
 
@@ -159,10 +159,10 @@ class BlobRelay:
                     parser.feed_data(data)
         except TimeoutError:
             upstream.close()
-            return oci_error(504, "UNAVAILABLE", f"{what}: the upstream registry timed out")
+            return upstream_error(504, "UNAVAILABLE", f"{what}: the upstream registry timed out")
         except (OSError, httptools.HttpParserError) as exc:
             upstream.close()
-            return oci_error(
+            return upstream_error(
                 502,
                 "UNAVAILABLE",
                 f"{what}: the upstream registry failed: {type(exc).__name__}: {exc}",

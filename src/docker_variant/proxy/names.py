@@ -83,13 +83,15 @@ class Route:
 
 
 class PathError(Exception):
-    """A ``/v2/`` path that fails validation: answered 400 with this OCI error."""
+    """A ``/v2/`` path that fails validation: answered ``status`` (400 unless said) with
+    this OCI error."""
 
-    def __init__(self, code: str, message: str, detail: str) -> None:
+    def __init__(self, code: str, message: str, detail: str, status: int = 400) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.detail = detail
+        self.status = status
 
 
 # Matched on the part after "/v2/", from the right (greedy name, fixed suffix).
@@ -130,9 +132,14 @@ def _check_reference(kind: RouteKind, ref: str) -> None:
                 "DIGEST_INVALID", f"invalid digest {ref!r}: must be algorithm:encoded", ref
             )
         return
-    if kind in (RouteKind.MANIFEST, RouteKind.VARIANTS) and not _TAG_RE.fullmatch(ref):
-        what = "version" if kind is RouteKind.VARIANTS else "tag"
-        raise PathError("TAG_INVALID", f"invalid {what} {ref!r}: must match {_TAG_RULE}", ref)
+    if kind is RouteKind.MANIFEST and not _TAG_RE.fullmatch(ref):
+        # As the registry answers: no manifest has that name (the conformance suite asks
+        # for ".INVALID_MANIFEST_NAME"). Traversal never reaches here (refused above).
+        raise PathError(
+            "MANIFEST_UNKNOWN", f"manifest unknown: {ref!r} is not a tag ({_TAG_RULE})", ref, 404
+        )
+    if kind is RouteKind.VARIANTS and not _TAG_RE.fullmatch(ref):
+        raise PathError("TAG_INVALID", f"invalid version {ref!r}: must match {_TAG_RULE}", ref)
 
 
 def parse_v2_path(raw_path: str) -> Route:

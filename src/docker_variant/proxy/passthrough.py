@@ -25,7 +25,7 @@ from docker_variant import __version__
 from docker_variant.errors import one_line
 from docker_variant.oci.client import MANIFEST_ACCEPT
 from docker_variant.proxy.names import Route, RouteKind
-from docker_variant.serving import oci_error
+from docker_variant.proxy.responses import upstream_error
 
 __all__ = [
     "BorrowedTransport",
@@ -283,9 +283,9 @@ class Upstream:
         except ClientDisconnect:
             return Response(status_code=499)  # nobody is left to read it
         except (TimeoutError, httpx.TimeoutException):
-            return oci_error(504, "UNAVAILABLE", f"{what}: the upstream registry timed out")
+            return upstream_error(504, "UNAVAILABLE", f"{what}: the upstream registry timed out")
         except httpx.HTTPError as exc:
-            return oci_error(
+            return upstream_error(
                 502,
                 "UNAVAILABLE",
                 f"{what}: the upstream registry failed: {type(exc).__name__}: {exc}",

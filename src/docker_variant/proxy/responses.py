@@ -2,47 +2,63 @@
 
 from __future__ import annotations
 
+import logging
+import re
+from collections.abc import Mapping
+
 from starlette.responses import Response
 
-from docker_variant.errors import DockerVariantError
+from docker_variant.errors import DockerVariantError, one_line
 from docker_variant.oci.errors import (
     BadUpstreamResponseError,
     NotFoundError,
     RegistryAuthError,
-    RegistryError,
     UpstreamUnavailableError,
 )
 from docker_variant.serving import oci_error, timed_out
 
-__all__ = ["failure_response"]
+__all__ = ["failure_response", "upstream_error"]
+
+_log = logging.getLogger("docker_variant.proxy")
+# scheme://host[:port] of any URL: the upstream's address is the operator's business
+_URL_ORIGIN = re.compile(r"\bhttps?://[^\s/]+")
+
+
+def upstream_error(
+    status: int,
+    code: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+) -> Response:
+    """An OCI error about the upstream, with every URL's origin taken out of the message
+    (paths stay: they are the caller's own names); the full message goes to the log."""
+    _log.warning("upstream failure (%s %s): %s", status, code, one_line(message))
+    return oci_error(status, code, _URL_ORIGIN.sub("<upstream>", message), None, headers)
 
 
 def failure_response(exc: BaseException, what: str) -> Response:
     """The answer for a failed index scan: the upstream's own status for auth and
     not-found, 429 passed on, 504 for a time-out, 502 for everything else."""
-    detail = {"upstream": exc.url} if isinstance(exc, RegistryError) and exc.url else None
     if timed_out(exc):
-        return oci_error(
-            504, "UNAVAILABLE", f"{what}: the upstream registry timed out: {exc}", detail
-        )
+        return upstream_error(504, "UNAVAILABLE", f"{what}: the upstream registry timed out: {exc}")
     if isinstance(exc, RegistryAuthError):
         status = exc.status if exc.status in (401, 403) else 401
         headers = {}
         if challenge := exc.headers.get("www-authenticate"):
             headers["WWW-Authenticate"] = challenge
         code = exc.code or ("UNAUTHORIZED" if status == 401 else "DENIED")
-        return oci_error(status, code, str(exc), detail, headers)
+        return upstream_error(status, code, str(exc), headers)
     if isinstance(exc, NotFoundError):
-        return oci_error(404, exc.code or "NAME_UNKNOWN", str(exc), detail)
+        return upstream_error(404, exc.code or "NAME_UNKNOWN", str(exc))
     if isinstance(exc, UpstreamUnavailableError) and exc.status == 429:
         headers = {}
         if retry := exc.headers.get("retry-after"):
             headers["Retry-After"] = retry
-        return oci_error(429, "TOOMANYREQUESTS", str(exc), detail, headers)
+        return upstream_error(429, "TOOMANYREQUESTS", str(exc), headers)
     if isinstance(exc, BadUpstreamResponseError):
-        return oci_error(502, "UNKNOWN", f"{what}: the upstream answered garbage: {exc}", detail)
+        return upstream_error(502, "UNKNOWN", f"{what}: the upstream answered garbage: {exc}")
     if isinstance(exc, UpstreamUnavailableError):
-        return oci_error(502, "UNAVAILABLE", f"{what}: the upstream is unavailable: {exc}", detail)
+        return upstream_error(502, "UNAVAILABLE", f"{what}: the upstream is unavailable: {exc}")
     if isinstance(exc, DockerVariantError):
-        return oci_error(502, "UNKNOWN", f"{what}: {exc}", detail)
-    return oci_error(502, "UNKNOWN", f"{what}: {type(exc).__name__}: {exc}", detail)
+        return upstream_error(502, "UNKNOWN", f"{what}: {exc}")
+    return upstream_error(502, "UNKNOWN", f"{what}: {type(exc).__name__}: {exc}")

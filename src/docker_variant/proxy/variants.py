@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from docker_variant.errors import InvalidInputError
+from docker_variant.jsondoc import load_json
 from docker_variant.oci.client import RegistryClient
 from docker_variant.oci.errors import (
     BadUpstreamResponseError,
@@ -61,6 +62,7 @@ class CachedIndex:
     index: VariantIndex
     body: bytes  # json.dumps(index.to_json(), sort_keys=True), encoded once
     expires: float
+    anonymous: bool = False  # scanned without credentials: any anonymous caller may see it
 
 
 Key = tuple[str, str]  # (repository, version)
@@ -95,8 +97,16 @@ class IndexCache:
     def generation(self, name: str) -> int:
         return self._generations.get(name, 0)
 
-    def put(self, key: Key, index: VariantIndex, body: bytes, generation: int) -> CachedIndex:
-        entry = CachedIndex(index, body, self.clock() + self.ttl)
+    def put(
+        self,
+        key: Key,
+        index: VariantIndex,
+        body: bytes,
+        generation: int,
+        *,
+        anonymous: bool = False,
+    ) -> CachedIndex:
+        entry = CachedIndex(index, body, self.clock() + self.ttl, anonymous)
         # A stale scan (the repository changed while it ran) must not be stored.
         if self.ttl > 0 and self.generation(key[0]) == generation:
             self._entries[key] = entry
@@ -153,14 +163,16 @@ class VariantService:
         what = f"variant index of {name}:{version}"
         authorization = request.headers.get("authorization")
         key = (name, version)
-        # `Cache-Control: no-cache` (sent by `docker variant push`) asks for a fresh scan.
+        # `Cache-Control: no-cache` (sent by `docker variant push`) asks for a fresh scan; it
+        # joins a scan already running, so one version has at most one scan at a time and
+        # a storm of such requests costs one scan.
         fresh = "no-cache" in request.headers.get("cache-control", "").lower()
         shared = None if fresh else self.cache.get(key)
         if shared is not None:
             self.metrics.cache_hits.inc()
         else:
             self.metrics.cache_misses.inc()
-            flight = None if fresh else self._flights.get(key)
+            flight = self._flights.get(key)
             if flight is not None:
                 try:
                     shared = await asyncio.shield(flight)
@@ -170,6 +182,8 @@ class VariantService:
                     # upstream trouble is everyone's: no stampede of retries
                     self.metrics.upstream_errors.labels(error_kind(exc)).inc()
                     return failure_response(exc, what)
+        if shared is not None and authorization is None and shared.anonymous:
+            return shared  # scanned with no credentials, as this caller has none
         if shared is not None:
             verdict = await self._authorise(request, name, shared.index, authorization, what)
             if verdict is True:
@@ -235,7 +249,9 @@ class VariantService:
         ):
             index = await read_version(client, name, version)
         body = json.dumps(index.to_json(), sort_keys=True).encode()
-        return self.cache.put((name, version), index, body, generation)
+        return self.cache.put(
+            (name, version), index, body, generation, anonymous=authorization is None
+        )
 
     async def variants_endpoint(self, request: Request, route: Route) -> Response:
         assert route.name is not None and route.reference is not None
@@ -255,7 +271,8 @@ class VariantService:
         try:
             if len(header) > _MAX_PROPERTIES_HEADER:
                 raise InvalidInputError(f"longer than {_MAX_PROPERTIES_HEADER} bytes")
-            host = parse_supported_lists(json.loads(header), "X-Variant-Properties header")
+            what = "X-Variant-Properties header"
+            host = parse_supported_lists(load_json(header, what), what)
         except (ValueError, InvalidInputError) as exc:
             return oci_error(
                 400,
