@@ -275,7 +275,12 @@ def test_refresh_proxy_index(
     registry: RunningRegistry,
     docker_config: Callable[[Mapping[str, Any]], Path],
 ) -> None:
-    document: dict[str, Any] = {"variants": {"null": {}}, "images": {}, "bare": None, "invalid": []}
+    document: dict[str, Any] = {
+        "variants": {"null": {}},
+        "images": {"null": {"tag": "1.0.0-null", "digest": "sha256:" + "a" * 64}},
+        "bare": None,
+        "invalid": [],
+    }
     fake_upstream.routes["/v2/app/_variants/1.0.0"] = Reply(body=json.dumps(document).encode())
     ref = parse_reference(f"127.0.0.1:{fake_upstream.port}/app:1.0.0-cu128")
     assert refresh_proxy_index(ref, "1.0.0") is True

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from rich.console import Console
 from rich.progress import (
@@ -22,7 +22,22 @@ __all__ = ["BuildProgress", "LayerProgress"]
 _DONE = {"Pull complete", "Already exists", "Pushed", "Layer already exists", "Mounted from"}
 
 
-class LayerProgress:
+class _Bars:
+    """A context manager that shows ``self._progress`` while it is entered."""
+
+    _progress: Progress
+
+    def __enter__(self) -> Self:
+        self._progress.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._progress.stop()
+
+
+class LayerProgress(_Bars):
     """A context manager whose ``__call__`` takes one engine event."""
 
     def __init__(self, action: str, console: Console | None = None, enabled: bool = True) -> None:
@@ -38,15 +53,6 @@ class LayerProgress:
             console=console or Console(stderr=True),
             disable=not enabled,
         )
-
-    def __enter__(self) -> LayerProgress:
-        self._progress.start()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._progress.stop()
 
     def __call__(self, event: dict[str, Any]) -> None:
         self.events.append(event)
@@ -72,7 +78,7 @@ class LayerProgress:
             self._progress.update(task, status=status)
 
 
-class BuildProgress:
+class BuildProgress(_Bars):
     """One bar per build (a matrix entry), advanced by the builder's ``Step i/n`` lines."""
 
     _STEP = re.compile(r"Step (\d+)/(\d+)")
@@ -89,15 +95,6 @@ class BuildProgress:
             name: self._progress.add_task(f"build {name}", total=None, status="waiting")
             for name in names
         }
-
-    def __enter__(self) -> BuildProgress:
-        self._progress.start()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._progress.stop()
 
     def event(self, name: str, event: dict[str, Any]) -> None:
         line = str(event.get("stream", "")).strip()
