@@ -31,6 +31,7 @@ __all__ = [
     "start_containerd",
     "start_dockerd",
     "start_proxy",
+    "start_redis",
     "start_registry",
     "start_scheduler",
 ]
@@ -110,10 +111,12 @@ def start_registry(
     timeout: float = 15,
     *,
     access_log: bool = False,
+    notify: tuple[str, str] | None = None,
 ) -> Service:
     """Debian's ``docker-registry`` (distribution 2.8) on a free loopback port; with
     ``access_log`` it writes one combined-format line per request to its log (request
-    counts in tests and benchmarks: ``registry_requests``)."""
+    counts in tests and benchmarks: ``registry_requests``); with ``notify`` = (URL, secret)
+    it POSTs its push/delete events there with ``Authorization: Bearer <secret>``."""
     binary = shutil.which("docker-registry")
     if binary is None:
         raise StartError("docker-registry is not installed (Debian package docker-registry)")
@@ -136,6 +139,18 @@ def start_registry(
         ]
         if htpasswd is not None:
             lines += ["auth:", "  htpasswd:", f"    realm: {realm}", f"    path: {htpasswd}"]
+        if notify is not None:
+            lines += [
+                "notifications:",
+                "  endpoints:",
+                "    - name: variant-proxy",
+                f"      url: {notify[0]}",
+                "      headers:",
+                f"        Authorization: [Bearer {notify[1]}]",
+                "      timeout: 1s",
+                "      threshold: 5",
+                "      backoff: 1s",
+            ]
         config = root / "registry.yml"
         config.write_text("\n".join(lines) + "\n")
         process, log = _spawn("registry", [binary, "serve", str(config)], root)
@@ -189,6 +204,20 @@ def start_proxy(
     service = Service("variant-proxy", process, f"127.0.0.1:{port}", root, log, scheme)
     ready = _http_ready(f"{service.url}/healthz") if scheme == "http" else _listening(port)
     return _wait(service, ready, timeout)
+
+
+def start_redis(root: Path, timeout: float = 15) -> Service:
+    """Debian's ``redis-server`` on a free loopback port, nothing saved to disk."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise StartError("redis-server is not installed (Debian package redis-server)")
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+            "no", "--dir", str(root)]  # fmt: skip
+    process, log = _spawn("redis", argv, root)
+    service = Service("redis-server", process, f"127.0.0.1:{port}", root, log, "redis")
+    return _wait(service, _listening(port), timeout)
 
 
 def start_scheduler(

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -36,6 +38,20 @@ from docker_variant.serving import (
 __all__ = ["main", "server_config"]
 
 DEFAULT_LISTEN = "127.0.0.1:5080"
+CACHE_ENV = "VARIANT_PROXY_CACHE"
+NOTIFY_ENV = "VARIANT_PROXY_NOTIFY_SECRET"
+
+
+def _notify_secret(path: str | None) -> str | None:
+    if path is None:
+        return os.environ.get(NOTIFY_ENV) or None
+    try:
+        secret = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInputError(f"--notify-secret-file {path!r}: cannot read it ({exc})") from exc
+    if len(secret) < 16:
+        raise InvalidInputError(f"--notify-secret-file {path!r}: use at least 16 characters")
+    return secret
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,6 +85,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level", choices=LOG_LEVELS, default="info", help="default %(default)s"
     )
+    parser.add_argument(
+        "--cache",
+        default=os.environ.get(CACHE_ENV),
+        metavar="URL",
+        help=f"redis://HOST:PORT[/DB]: share the index cache with other replicas "
+        f"(default ${CACHE_ENV}; none: this process only)",
+    )
+    parser.add_argument(
+        "--notify-secret-file",
+        metavar="FILE",
+        help="enable POST /_notify for the registry's notification webhook; callers send "
+        f"'Authorization: Bearer <the file's content>' (or set ${NOTIFY_ENV})",
+    )
     add_tls_arguments(parser, client_ca=False)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
@@ -96,6 +125,14 @@ def main(argv: list[str] | None = None) -> int:
         upstream = check_upstream_url(args.upstream)
         host, port = parse_listen(args.listen)
         tls = tls_options(args)
+        secret = _notify_secret(args.notify_secret_file)
+        app = create_app(
+            upstream,
+            args.cache_ttl,
+            upstream_timeout=args.upstream_timeout,
+            cache_url=args.cache,
+            notify_secret=secret,
+        )
     except InvalidInputError as exc:
         parser.error(str(exc))
     try:
@@ -105,11 +142,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"cannot listen on {args.listen}: {reason}")
 
     configure_logging(args.log_level)
-    app = create_app(upstream, args.cache_ttl, upstream_timeout=args.upstream_timeout)
     config = server_config(app, args.log_level, **tls)
     bound = sock.getsockname()
     logging.getLogger("docker_variant.proxy").info(
-        "variant-proxy %s on %s:%s for %s", __version__, bound[0], bound[1], upstream
+        "variant-proxy %s on %s:%s for %s, cache %s",
+        __version__,
+        bound[0],
+        bound[1],
+        upstream,
+        "shared (Redis)" if args.cache else "local",
     )
     try:
         uvicorn.Server(config).run(sockets=[sock])

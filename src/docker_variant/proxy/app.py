@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,19 +15,22 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route as StarletteRoute
 
 from docker_variant.errors import InvalidInputError, one_line
+from docker_variant.jsondoc import load_json
 from docker_variant.proxy.blobrelay import BlobRelay
+from docker_variant.proxy.cache import open_store
 from docker_variant.proxy.metrics import CONTENT_TYPE_LATEST, AccessLog, ProxyMetrics
 from docker_variant.proxy.names import PathError, Route, RouteKind, parse_v2_path
 from docker_variant.proxy.passthrough import Upstream
 from docker_variant.proxy.variants import (
     PROPERTIES_HEADER,
-    IndexCache,
     VariantService,
     discover_document,
 )
-from docker_variant.serving import oci_error
+from docker_variant.serving import BodyTooLargeError, oci_error, read_body
 
 __all__ = ["DEFAULT_CACHE_TTL", "DEFAULT_UPSTREAM_TIMEOUT", "check_upstream_url", "create_app"]
+
+_NOTIFY_LIMIT = 1 << 20  # a notification envelope; distribution batches a few events
 
 DEFAULT_CACHE_TTL = 30.0
 DEFAULT_UPSTREAM_TIMEOUT = 30.0
@@ -63,17 +67,23 @@ def create_app(
     upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT,
     connect_timeout: float = 10.0,
     max_connections: int = 256,
+    cache_url: str | None = None,
+    notify_secret: str | None = None,
 ) -> Starlette:
     """The proxy for ``upstream_url``; ``cache_ttl`` bounds how stale an index may be
     (0 disables the cache); ``upstream_timeout`` bounds an index scan and the wait for
-    the headers of a pass-through answer (blob bodies are never timed)."""
+    the headers of a pass-through answer (blob bodies are never timed).
+
+    ``cache_url`` (``redis://...``) shares the index cache with other replicas; ``None``
+    keeps it in this process. ``notify_secret`` enables ``POST /_notify`` for the
+    registry's notification webhook, called with ``Authorization: Bearer <secret>``."""
     base_url = check_upstream_url(upstream_url)
     if cache_ttl < 0:
         raise InvalidInputError(f"cache TTL must be >= 0 seconds, got {cache_ttl}")
     if upstream_timeout <= 0:
         raise InvalidInputError(f"upstream timeout must be > 0 seconds, got {upstream_timeout}")
     metrics = ProxyMetrics()
-    cache = IndexCache(cache_ttl)
+    cache = open_store(cache_url, cache_ttl)
     state: dict[str, Any] = {}
 
     def service() -> VariantService:
@@ -90,9 +100,11 @@ def create_app(
         )
         state["service"] = VariantService(upstream, cache, metrics)
         state["relay"] = BlobRelay(upstream, connect_timeout)
+        await cache.start()
         try:
             yield
         finally:
+            await cache.close()
             await upstream.aclose()
 
     async def dispatch(request: Request) -> Response:
@@ -130,10 +142,45 @@ def create_app(
     async def metrics_endpoint(_request: Request) -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    async def notify(request: Request) -> Response:
+        """distribution's notification webhook: each push or delete event invalidates its
+        repository's indexes, in every replica."""
+        if notify_secret is None:
+            return oci_error(404, "UNSUPPORTED", "notifications are not enabled (--notify-secret)")
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        expected = notify_secret.encode()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+            return oci_error(
+                401,
+                "UNAUTHORIZED",
+                "the notification secret is missing or wrong",
+                headers={"WWW-Authenticate": 'Bearer realm="variant-proxy-notify"'},
+            )
+        try:
+            envelope = load_json(await read_body(request, _NOTIFY_LIMIT), "notification")
+        except BodyTooLargeError as exc:
+            return oci_error(413, "SIZE_INVALID", str(exc))
+        except InvalidInputError as exc:
+            return oci_error(400, "UNSUPPORTED", str(exc))
+        events = envelope.get("events") if isinstance(envelope, dict) else None
+        if not isinstance(events, list):
+            return oci_error(400, "UNSUPPORTED", 'a notification is {"events": [...]}')
+        names = set()
+        for event in events:
+            target = event.get("target") if isinstance(event, dict) else None
+            if event.get("action") in ("push", "delete") and isinstance(target, dict):
+                name = target.get("repository")
+                if isinstance(name, str) and name:
+                    names.add(name)
+        for name in sorted(names):
+            await service().invalidate(name)
+        return JSONResponse({"invalidated": sorted(names)})
+
     app = Starlette(
         routes=[
             StarletteRoute("/healthz", healthz, methods=["GET"]),
             StarletteRoute("/metrics", metrics_endpoint, methods=["GET"]),
+            StarletteRoute("/_notify", notify, methods=["POST"]),
             StarletteRoute("/{path:path}", dispatch, methods=_METHODS),
         ],
         lifespan=lifespan,
@@ -169,5 +216,5 @@ async def _handle(service: VariantService, request: Request, route: Route) -> Re
         and 200 <= response.status_code < 300
         and route.name is not None
     ):
-        service.invalidate(route.name)
+        await service.invalidate(route.name)
     return response

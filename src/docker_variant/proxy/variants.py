@@ -15,9 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import httpx
 from starlette.requests import Request
@@ -33,6 +30,7 @@ from docker_variant.oci.errors import (
     UpstreamUnavailableError,
 )
 from docker_variant.oci.scan import read_version
+from docker_variant.proxy.cache import CachedIndex, IndexStore, Key
 from docker_variant.proxy.metrics import ProxyMetrics
 from docker_variant.proxy.names import Route, RouteKind, is_digest
 from docker_variant.proxy.passthrough import BorrowedTransport, Upstream, proxy_base_url
@@ -45,8 +43,6 @@ from docker_variant.variant.platform import platform_of_lists
 __all__ = [
     "LABEL_HEADER",
     "PROPERTIES_HEADER",
-    "CachedIndex",
-    "IndexCache",
     "VariantService",
     "discover_document",
 ]
@@ -55,70 +51,7 @@ PROPERTIES_HEADER = "x-variant-properties"
 LABEL_HEADER = "X-Variant-Label"
 _MAX_PROPERTIES_HEADER = 64 << 10
 _SCAN_CONCURRENCY = 8
-
-
-@dataclass(frozen=True)
-class CachedIndex:
-    index: VariantIndex
-    body: bytes  # json.dumps(index.to_json(), sort_keys=True), encoded once
-    expires: float
-    anonymous: bool = False  # scanned without credentials: any anonymous caller may see it
-
-
-Key = tuple[str, str]  # (repository, version)
-
-
-class IndexCache:
-    """Indexes by (repository, version) for ``ttl`` seconds, at most ``max_entries`` (LRU)."""
-
-    def __init__(
-        self,
-        ttl: float,
-        *,
-        max_entries: int = 4096,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.ttl = ttl
-        self.max_entries = max_entries
-        self.clock = clock
-        self._entries: OrderedDict[Key, CachedIndex] = OrderedDict()
-        self._generations: dict[str, int] = {}
-
-    def get(self, key: Key) -> CachedIndex | None:
-        entry = self._entries.get(key)
-        if entry is None:
-            return None
-        if entry.expires <= self.clock():
-            del self._entries[key]
-            return None
-        self._entries.move_to_end(key)
-        return entry
-
-    def generation(self, name: str) -> int:
-        return self._generations.get(name, 0)
-
-    def put(
-        self,
-        key: Key,
-        index: VariantIndex,
-        body: bytes,
-        generation: int,
-        *,
-        anonymous: bool = False,
-    ) -> CachedIndex:
-        entry = CachedIndex(index, body, self.clock() + self.ttl, anonymous)
-        # A stale scan (the repository changed while it ran) must not be stored.
-        if self.ttl > 0 and self.generation(key[0]) == generation:
-            self._entries[key] = entry
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
-        return entry
-
-    def invalidate(self, name: str) -> None:
-        self._generations[name] = self.generation(name) + 1
-        for key in [k for k in self._entries if k[0] == name]:
-            del self._entries[key]
+_CLAIM_POLL = 0.02  # seconds between looks for another replica's scan result
 
 
 def discover_document() -> dict[str, object]:
@@ -141,18 +74,23 @@ def discover_document() -> dict[str, object]:
 
 
 class VariantService:
-    def __init__(self, upstream: Upstream, cache: IndexCache, metrics: ProxyMetrics) -> None:
+    def __init__(self, upstream: Upstream, cache: IndexStore, metrics: ProxyMetrics) -> None:
         self.upstream = upstream
         self.cache = cache
         self.metrics = metrics
         self._flights: dict[Key, asyncio.Task[CachedIndex]] = {}
+        cache.subscribe(self._drop_flights)  # invalidations from other replicas too
 
-    def invalidate(self, name: str) -> None:
-        self.cache.invalidate(name)
+    async def invalidate(self, name: str) -> None:
+        """The repository changed: drop its indexes here and in every replica."""
+        self._drop_flights(name)
+        await self.cache.invalidate(name)
+        self.metrics.invalidations.inc()
+
+    def _drop_flights(self, name: str) -> None:
         # Later callers must not join a scan that may predate the change.
         for key in [k for k in self._flights if k[0] == name]:
             del self._flights[key]
-        self.metrics.invalidations.inc()
 
     async def index_for(self, request: Request, name: str, version: str) -> CachedIndex | Response:
         """The index of ``name:version`` for this caller, or the response refusing it.
@@ -167,7 +105,7 @@ class VariantService:
         # joins a scan already running, so one version has at most one scan at a time and
         # a storm of such requests costs one scan.
         fresh = "no-cache" in request.headers.get("cache-control", "").lower()
-        shared = None if fresh else self.cache.get(key)
+        shared = None if fresh else await self.cache.get(key)
         if shared is not None:
             self.metrics.cache_hits.inc()
         else:
@@ -232,7 +170,29 @@ class VariantService:
             del self._flights[key]
 
     async def _scan(self, name: str, version: str, authorization: str | None) -> CachedIndex:
-        generation = self.cache.generation(name)
+        key = (name, version)
+        # Across replicas one scans a cold version and the others wait for its result.
+        deadline = time.monotonic() + self.upstream.timeout
+        while not await self.cache.claim(key, self.upstream.timeout):
+            await asyncio.sleep(_CLAIM_POLL)
+            ready = await self.cache.get(key)
+            if ready is not None and authorization is None and ready.anonymous:
+                return ready  # another replica's anonymous scan, for an anonymous caller
+            if ready is not None or time.monotonic() > deadline:
+                break  # scan with our own credentials, or the other replica is stuck
+        try:
+            # another replica may have stored it between our miss and our claim
+            ready = await self.cache.get(key)
+            if ready is not None and authorization is None and ready.anonymous:
+                return ready
+            return await self._scan_upstream(name, version, authorization)
+        finally:
+            await self.cache.release(key)
+
+    async def _scan_upstream(
+        self, name: str, version: str, authorization: str | None
+    ) -> CachedIndex:
+        generation = await self.cache.generation(name)
         self.metrics.scans.inc()
         headers = {"Authorization": authorization} if authorization else None
         async with (
@@ -249,9 +209,9 @@ class VariantService:
         ):
             index = await read_version(client, name, version)
         body = json.dumps(index.to_json(), sort_keys=True).encode()
-        return self.cache.put(
-            (name, version), index, body, generation, anonymous=authorization is None
-        )
+        entry = CachedIndex(index, body, time.monotonic() + self.cache.ttl, authorization is None)
+        await self.cache.put((name, version), entry, generation)
+        return entry
 
     async def variants_endpoint(self, request: Request, route: Route) -> Response:
         assert route.name is not None and route.reference is not None
