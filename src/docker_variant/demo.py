@@ -61,8 +61,8 @@ class Demo:
 
 
 def main() -> None:
-    print("== starting a registry, variant-proxy and a Docker engine on 127.0.0.1", flush=True)
-    with devstack.local_stack("dv-demo-") as stack:
+    print("== starting a registry, Redis, variant-proxy and a Docker engine on 127.0.0.1")
+    with devstack.local_stack("dv-demo-", shared_cache=True) as stack:
         assert stack.proxy is not None and stack.engine is not None
         print(
             f"   registry {stack.registry.address}, proxy {stack.proxy.address}, engine {stack.engine.address}"

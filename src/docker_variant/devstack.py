@@ -327,16 +327,27 @@ class LocalStack:
 
 @contextlib.contextmanager
 def local_stack(
-    prefix: str = "dv-", *, proxy: bool = True, engine: bool = True, cache_ttl: float = 30
+    prefix: str = "dv-",
+    *,
+    proxy: bool = True,
+    engine: bool = True,
+    cache_ttl: float = 30,
+    shared_cache: bool = False,
 ) -> Iterator[LocalStack]:
     """Start what is asked for in a fresh dir under /tmp (socket paths are length-bounded);
-    stop everything and remove the dir on exit, whatever happened."""
+    stop everything and remove the dir on exit, whatever happened. ``shared_cache``: the
+    proxy keeps its index cache in a Redis started here, as replicas would."""
     root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     started: list[Service] = []
     try:
         registry = start_registry(root / "registry")
         started.append(registry)
-        front = start_proxy(registry.url, root / "proxy", cache_ttl) if proxy else None
+        extra: list[str] = []
+        if proxy and shared_cache:
+            redis = start_redis(root / "redis")
+            started.append(redis)
+            extra = ["--cache", f"redis://{redis.address}/0"]
+        front = start_proxy(registry.url, root / "proxy", cache_ttl, extra=extra) if proxy else None
         if front is not None:
             started.append(front)
         dockerd = start_dockerd(root / "engine") if engine else None
