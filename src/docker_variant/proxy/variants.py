@@ -130,7 +130,7 @@ class VariantService:
                 return verdict
             # else: the probed tag is gone; the cached index is stale, so scan afresh
 
-        own = asyncio.ensure_future(self._scan(name, version, authorization))
+        own = asyncio.ensure_future(self._scan(name, version, authorization, fresh=fresh))
         own.add_done_callback(_consume)
         if key not in self._flights:
             self._flights[key] = own
@@ -169,7 +169,9 @@ class VariantService:
         if self._flights.get(key) is task:
             del self._flights[key]
 
-    async def _scan(self, name: str, version: str, authorization: str | None) -> CachedIndex:
+    async def _scan(
+        self, name: str, version: str, authorization: str | None, *, fresh: bool = False
+    ) -> CachedIndex:
         key = (name, version)
         # Across replicas one scans a cold version and the others wait for its result.
         deadline = time.monotonic() + self.upstream.timeout
@@ -181,8 +183,9 @@ class VariantService:
             if ready is not None or time.monotonic() > deadline:
                 break  # scan with our own credentials, or the other replica is stuck
         try:
-            # another replica may have stored it between our miss and our claim
-            ready = await self.cache.get(key)
+            # another replica may have stored it between our miss and our claim (unless the
+            # caller asked for a fresh scan: then that entry is what it wants replaced)
+            ready = None if fresh else await self.cache.get(key)
             if ready is not None and authorization is None and ready.anonymous:
                 return ready
             return await self._scan_upstream(name, version, authorization)
