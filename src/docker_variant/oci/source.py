@@ -5,9 +5,11 @@ scan (the three give the same document)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from typing import Any
 
 from docker_variant.errors import InvalidInputError, UnreachableError
+from docker_variant.localcache import read_entry, write_entry
 from docker_variant.oci.client import RegistryClient
 from docker_variant.oci.errors import NotFoundError, RegistryError
 from docker_variant.oci.reference import Reference, parse_reference
@@ -16,14 +18,24 @@ from docker_variant.variant.index import VariantIndex
 
 __all__ = ["download_index", "fetch_index", "fetch_index_async", "refresh_proxy_index"]
 
+#: How long a registry answering ``_variants`` with a plain 404 is taken to have no proxy.
+PLAIN_REGISTRY_TTL = 600.0
 #: ``--index URL``: at most this many bytes, all of them within this many seconds.
 INDEX_DOWNLOAD_LIMIT = 16 << 20
 INDEX_DOWNLOAD_DEADLINE = 30.0
 
 
 async def fetch_index_async(client: RegistryClient, repository: str, version: str) -> VariantIndex:
-    index = await client.get_variant_index(repository, version)
-    return index if index is not None else await read_version(client, repository, version)
+    """The proxy's ``_variants`` if the registry has the extension, else its variant image
+    index or a scan. A registry found without it is remembered for ``PLAIN_REGISTRY_TTL``
+    seconds, so the next command skips the probe."""
+    memo = f"plain-{hashlib.sha256(client.base_url.encode()).hexdigest()[:16]}.json"
+    if read_entry(memo, PLAIN_REGISTRY_TTL) is None:
+        index = await client.get_variant_index(repository, version)
+        if index is not None:
+            return index
+        write_entry(memo, client.base_url)
+    return await read_version(client, repository, version)
 
 
 def fetch_index(ref: str | Reference, **client_kwargs: Any) -> tuple[Reference, VariantIndex]:

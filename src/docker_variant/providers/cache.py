@@ -11,15 +11,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import platform
-import tempfile
-import time
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from docker_variant.errors import DockerVariantError
+from docker_variant.localcache import read_entry, write_entry
 from docker_variant.providers.report import HostReport
 
 __all__ = ["TTL_SECONDS", "cached_detection"]
@@ -32,11 +30,6 @@ _PACKAGES = (
     "provider-variant-aarch64",
     "nvidia-ml-py",
 )
-
-
-def _cache_dir(env: Mapping[str, str]) -> Path:
-    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "docker-variant"
 
 
 def _boot_id() -> str:
@@ -68,16 +61,11 @@ def cache_key(env: Mapping[str, str], enabled: Sequence[str]) -> str:
 def cached_detection(
     detect: Callable[[], HostReport], env: Mapping[str, str], enabled: Sequence[str]
 ) -> HostReport:
-    path = _cache_dir(env) / f"host-{cache_key(env, enabled)}.json"
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, DockerVariantError):
-        entry = json.loads(path.read_text())
-        if time.time() - float(entry["created"]) < TTL_SECONDS:
-            return HostReport.from_json(entry["report"], str(path))
+    name = f"host-{cache_key(env, enabled)}.json"
+    cached = read_entry(name, TTL_SECONDS, env)
+    if cached is not None:
+        with contextlib.suppress(DockerVariantError, ValueError, KeyError, TypeError):
+            return HostReport.from_json(cached, name)
     report = detect()
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".host-", suffix=".tmp")
-        with os.fdopen(fd, "w") as handle:
-            json.dump({"created": time.time(), "report": report.to_json()}, handle)
-        os.replace(tmp, path)
+    write_entry(name, report.to_json(), env)
     return report
