@@ -221,11 +221,14 @@ def test_an_image_on_an_unlisted_registry_is_never_fetched(
     tmp_path: Path, fake_upstream: FakeUpstream
 ) -> None:
     target = f"127.0.0.1:{fake_upstream.port}"
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(TOKENS_TOML)
     with open_store("sqlite", tmp_path) as store:
         for registries in (None, ["registry.internal:5000"]):
-            with client_for(store, registries=registries) as api:
+            # an exposed scheduler (with tokens): nothing but its allow-list
+            with client_for(store, registries=registries, tokens=load_tokens(tokens)) as api:
                 body = {"image": f"{target}/x:1", "nodes": 1, "devices_per_node": 0}
-                answer = api.post("/v1/placements", json=body)
+                answer = api.post("/v1/placements", json=body, headers=bearer("alice"))
             assert answer.status_code == 400, answer.text
             message = answer.json()["errors"][0]["message"]
             assert f"'{target}/x:1'" in message
@@ -234,6 +237,14 @@ def test_an_image_on_an_unlisted_registry_is_never_fetched(
             else:
                 assert 'send {"index": ...} instead' in message
     assert fake_upstream.requests == []  # not one connection to the named host
+    # an allow-list binds a loopback-only scheduler (no tokens) too
+    with (
+        open_store("sqlite", tmp_path / "2") as store,
+        client_for(store, registries=["registry.internal:5000"]) as api,
+    ):
+        body = {"image": f"{target}/x:1", "nodes": 1, "devices_per_node": 0}
+        assert api.post("/v1/placements", json=body).status_code == 400
+    assert fake_upstream.requests == []
 
 
 def test_an_agent_heartbeat_over_mutual_tls(tmp_path: Path, tokens_file: Path) -> None:

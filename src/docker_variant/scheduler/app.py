@@ -129,10 +129,13 @@ def create_app(
 
     ``tokens``: who may call (SPEC 8 roles); ``None`` lets every caller act as admin, for a
     server on loopback only. ``registries``: the registries (``host[:port]``) whose images
-    ``{"image": REF}`` may name; ``None`` or empty takes only ``{"index": ...}``, so that no
-    caller can make the scheduler contact a host it was not configured for.
+    ``{"image": REF}`` may name, so that no caller can make the scheduler contact a host it
+    was not configured for. Without them a server with tokens takes only ``{"index": ...}``;
+    one without tokens (loopback only: its callers are on this machine and reach every
+    registry it reaches themselves) resolves any registry.
     """
     allowed = frozenset(registries or ())
+    any_registry = not allowed and tokens is None
 
     def caller(request: Request, *roles: str) -> Principal:
         if tokens is None:
@@ -189,7 +192,7 @@ def create_app(
             raise InvalidInputError(
                 f"{reference}: a version tag is needed, e.g. {reference.name}:1.0.0"
             )
-        if reference.registry not in allowed:
+        if reference.registry not in allowed and not any_registry:
             if not allowed:
                 raise InvalidInputError(
                     f"image {image!r}: this scheduler resolves no registry images (start it "
