@@ -238,6 +238,7 @@ def test_an_image_on_an_unlisted_registry_is_never_fetched(
                 assert 'send {"index": ...} instead' in message
     assert fake_upstream.requests == []  # not one connection to the named host
     # an allow-list binds a loopback-only scheduler (no tokens) too
+    (tmp_path / "2").mkdir()
     with (
         open_store("sqlite", tmp_path / "2") as store,
         client_for(store, registries=["registry.internal:5000"]) as api,
