@@ -58,6 +58,11 @@ class Published:
     built: dict[str, str]  # label -> image ID
     arm64: str  # manifest digest of the umoci-built arm64 image
 
+    def inspect(self, ref: str, template: str) -> str:
+        """``docker image inspect --format TEMPLATE REF``."""
+        done = self.run("docker", "image", "inspect", "--format", template, ref, check=True)
+        return done.stdout.strip()
+
     def run(self, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=300)
         if check:
@@ -166,9 +171,7 @@ def _forget(published: Published) -> None:
 def test_plain_docker_pull_gets_the_baseline(published: Published) -> None:
     _forget(published)
     published.run("docker", "pull", "-q", published.ref, check=True)
-    got = published.run(
-        "docker", "image", "inspect", "--format", "{{.Id}}", published.ref, check=True
-    ).stdout.strip()
+    got = published.inspect(published.ref, "{{.Id}}")
     assert got == published.built["cpu"]
 
 
@@ -183,9 +186,7 @@ def test_docker_variant_pull_as_h200_gets_cu128(published: Published) -> None:
         done.stdout.strip()
         == f'Selected variant "cu128" of {published.registry}/pub/app version 1.0.0'
     )
-    got = published.run(
-        "docker", "image", "inspect", "--format", "{{.Id}}", published.ref, check=True
-    ).stdout.strip()
+    got = published.inspect(published.ref, "{{.Id}}")
     assert got == published.built["cu128"]
 
 
@@ -200,9 +201,7 @@ def test_pull_platform_arm64_gets_the_arm64_image(published: Published) -> None:
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     assert (answer["label"], answer["digest"]) == ("gh200", published.arm64)
-    arch = published.run(
-        "docker", "image", "inspect", "--format", "{{.Architecture}}", published.ref, check=True
-    ).stdout.strip()
+    arch = published.inspect(published.ref, "{{.Architecture}}")
     assert arch == "arm64"
     # on amd64 the same host gets an amd64 build
     amd = published.run(
@@ -235,9 +234,7 @@ def test_ctr_pull_unpacks_the_baseline(published: Published, containerd: devstac
     for label in published.built:
         ref = f"{published.registry}/pub/app:1.0.0-{label}"
         published.run("docker", "pull", "-q", ref, check=True)
-        out = published.run(
-            "docker", "image", "inspect", "--format", "{{json .RootFS.Layers}}", ref, check=True
-        ).stdout
+        out = published.inspect(ref, "{{json .RootFS.Layers}}")
         layers[label] = json.loads(out)[-1]  # a one-layer image: its chain ID is its diff ID
     assert layers["cpu"] in snapshots
     assert not any(layers[x] in snapshots for x in ("cu126", "cu128", "v3"))
