@@ -80,11 +80,13 @@ def _registry_auth_header(registry: str) -> dict[str, str]:
 class Engine:
     def __init__(self, host: str | None = None, timeout: float = 30.0) -> None:
         self.host = host or engine_host()
+        # Both are plain HTTP (TLS engines are not supported): no TLS context, which would
+        # cost about 20 ms of every command to build.
         if self.host.startswith("unix://"):
-            transport = httpx.HTTPTransport(uds=self.host.removeprefix("unix://"))
+            transport = httpx.HTTPTransport(uds=self.host.removeprefix("unix://"), verify=False)
             base = "http://docker"
         elif self.host.startswith(("tcp://", "http://")):
-            transport = httpx.HTTPTransport()
+            transport = httpx.HTTPTransport(verify=False)
             base = "http://" + self.host.split("://", 1)[1]
         else:
             raise InvalidInputError(
