@@ -179,6 +179,7 @@ class Judge:
         self._namespaces = sorted({ns for v in index.variants.values() for ns in v.namespaces})
         self._by_pair: dict[tuple[ProfileKey, ProfileKey | None, str | None], DeviceClass] = {}
         self._by_key: dict[str, DeviceClass] = {}
+        self._implied: dict[ProfileKey, str | None] = {}
 
     def lists(self, host: ProfileKey, device: ProfileKey | None) -> SupportedLists:
         """The lists a device is judged on: the host's, its own namespaces replacing them."""
@@ -188,11 +189,14 @@ class Judge:
         return merged
 
     def platform(self, node: Node) -> str | None:
-        """The node's platform: as reported, else what its host lists' CPU namespace says."""
+        """The node's platform: as reported, else what its host lists' CPU namespace says
+        (worked out once per host profile: a pool has few)."""
         if node.platform is not None:
             return node.platform
-        implied = platform_of_lists(self.profiles[node.host])
-        return str(implied) if implied is not None else None
+        if node.host not in self._implied:
+            implied = platform_of_lists(self.profiles[node.host])
+            self._implied[node.host] = str(implied) if implied is not None else None
+        return self._implied[node.host]
 
     def classify(
         self, host: ProfileKey, device: ProfileKey | None = None, platform: str | None = None
