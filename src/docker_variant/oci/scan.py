@@ -22,17 +22,23 @@ from docker_variant.oci.errors import BadUpstreamResponseError, NotFoundError
 from docker_variant.oci.imageindex import IndexEntry, read_image_index
 from docker_variant.variant.index import ImageRecord, VariantIndex, build_index
 
-__all__ = ["VersionImages", "read_version", "scan_images", "scan_index", "scan_index_sync"]
+__all__ = [
+    "VersionImages",
+    "read_version",
+    "scan_images",
+    "scan_index",
+    "scan_index_sync",
+    "top_manifest",
+]
 
 
 @dataclass(frozen=True)
 class VersionImages:
     """What a registry holds for one version: every readable image manifest, the tags that
-    could not be read, and whether it came from a published variant image index."""
+    could not be read."""
 
     entries: list[IndexEntry]
     errors: list[ImageRecord]
-    published: bool = False
 
     def records(self) -> list[ImageRecord]:
         return [*(e.record() for e in self.entries), *self.errors]
@@ -43,11 +49,11 @@ class VersionImages:
 
 async def read_version(client: RegistryClient, repository: str, version: str) -> VariantIndex:
     """The version's index: from its variant image index if it has one, else a scan."""
-    top = await _top_manifest(client, repository, version)
+    top = await top_manifest(client, repository, version)
     if top is not None and top.is_index:
         entries = read_image_index(top.data, version)
         if entries is not None:
-            return VersionImages(entries, [], published=True).index(version)
+            return VersionImages(entries, []).index(version)
     images = await scan_images(client, repository, version, top=top)
     return images.index(version)
 
@@ -100,7 +106,9 @@ async def _gather(fetches: Iterable[Awaitable[Any]]) -> list[Any]:
         raise
 
 
-async def _top_manifest(client: RegistryClient, repository: str, tag: str) -> Manifest | None:
+async def top_manifest(client: RegistryClient, repository: str, tag: str) -> Manifest | None:
+    """The manifest or index at ``tag`` as it is; ``None`` when the tag does not exist (a
+    missing repository is raised: nothing of it can be read)."""
     try:
         return await client.fetch_manifest(repository, tag)
     except NotFoundError as exc:

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from docker_variant.errors import InvalidInputError
-from docker_variant.oci.client import OCI_INDEX, Manifest, RegistryClient
+from docker_variant.oci.client import OCI_INDEX, RegistryClient
 from docker_variant.oci.errors import NotFoundError
 from docker_variant.oci.imageindex import IndexEntry, order_entries, write_image_index
 from docker_variant.oci.reference import Reference
-from docker_variant.oci.scan import VersionImages, scan_images
+from docker_variant.oci.scan import VersionImages, scan_images, top_manifest
 
 __all__ = ["Published", "plan_index", "publish", "publish_async"]
 
@@ -73,13 +73,7 @@ async def publish_async(
     version = reference.tag
     if version is None or reference.digest is not None:
         raise InvalidInputError(f"{reference}: publish needs registry/name:version (a tag)")
-    top: Manifest | None
-    try:
-        top = await client.fetch_manifest(reference.repository, version)
-    except NotFoundError as exc:
-        if exc.code == "NAME_UNKNOWN":
-            raise
-        top = None
+    top = await top_manifest(client, reference.repository, version)
     images = await scan_images(client, reference.repository, version, top=top)
     entries, body = plan_index(images, reference.name, version)
     digest = "sha256:" + hashlib.sha256(body).hexdigest()
