@@ -235,9 +235,7 @@ class RegistryClient:
     ) -> Manifest:
         """The manifest of a tag or digest; an index resolves to ``platform``'s manifest
         (default: this host's), else the index's first linux one."""
-        check_repository(repository)
-        check_manifest_reference(reference)
-        top = await self.fetch_manifest(repository, reference)
+        top = await self.fetch_manifest(repository, reference)  # checks both names
         if not top.is_index:
             return top
         digest = _pick_platform(top, platform or self.platform, _name(repository, reference))

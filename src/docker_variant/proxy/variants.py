@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import TypeGuard
 
 import httpx
 from starlette.requests import Request
@@ -120,7 +121,7 @@ class VariantService:
                     # upstream trouble is everyone's: no stampede of retries
                     self.metrics.upstream_errors.labels(error_kind(exc)).inc()
                     return failure_response(exc, what)
-        if shared is not None and authorization is None and shared.anonymous:
+        if _shareable(shared, authorization):
             return shared  # scanned with no credentials, as this caller has none
         if shared is not None:
             verdict = await self._authorise(request, name, shared.index, authorization, what)
@@ -178,7 +179,7 @@ class VariantService:
         while not await self.cache.claim(key, self.upstream.timeout):
             await asyncio.sleep(_CLAIM_POLL)
             ready = await self.cache.get(key)
-            if ready is not None and authorization is None and ready.anonymous:
+            if _shareable(ready, authorization):
                 return ready  # another replica's anonymous scan, for an anonymous caller
             if ready is not None or time.monotonic() > deadline:
                 break  # scan with our own credentials, or the other replica is stuck
@@ -186,7 +187,7 @@ class VariantService:
             # another replica may have stored it between our miss and our claim (unless the
             # caller asked for a fresh scan: then that entry is what it wants replaced)
             ready = None if fresh else await self.cache.get(key)
-            if ready is not None and authorization is None and ready.anonymous:
+            if _shareable(ready, authorization):
                 return ready
             return await self._scan_upstream(name, version, authorization)
         finally:
@@ -274,6 +275,12 @@ class VariantService:
         by_digest = best.digest and (best.platform is not None or best.tag == route.reference)
         target = Route(RouteKind.MANIFEST, route.name, best.digest if by_digest else best.tag)
         return await self.upstream.forward(request, target, extra_headers=extra)
+
+
+def _shareable(entry: CachedIndex | None, authorization: str | None) -> TypeGuard[CachedIndex]:
+    """An index scanned without credentials may go to a caller without them as it is: the
+    upstream gave it to anyone."""
+    return entry is not None and entry.anonymous and authorization is None
 
 
 def _probe_tag(index: VariantIndex) -> str | None:

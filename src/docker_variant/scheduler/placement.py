@@ -99,6 +99,7 @@ class NodeAllocation:
     host: ProfileKey
     device_name: str | None  # None when no device is taken
     devices: tuple[Device, ...] = ()
+    platform: str | None = None  # the node's, reported or implied by its lists
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,7 @@ class _Unit:
     free: Mapping[str, int]  # class key -> free devices of that class
     host_class: str  # the class of the host lists alone
     spare: int  # free devices on the node under every name: the best-fit measure
+    platform: str | None  # reported, or implied by the host lists (Judge.platform)
 
     def free_of(self, class_key: str) -> list[Device]:
         return [d for d in self.devices if d.free and self.class_of[d.profile] == class_key]
@@ -276,7 +278,7 @@ def _units(pool: Pool, judge: Judge, per_node: int, device_name: str | None) -> 
         host_class = classify(node.host, None, platform).key
         if per_node == 0:
             spare = sum(1 for ds in node.devices.values() for d in ds if d.free)
-            units.append(_Unit(node, None, (), {}, {host_class: 0}, host_class, spare))
+            units.append(_Unit(node, None, (), {}, {host_class: 0}, host_class, spare, platform))
             continue
         class_of: dict[ProfileKey, str] = {}
         spare = 0
@@ -295,7 +297,9 @@ def _units(pool: Pool, judge: Judge, per_node: int, device_name: str | None) -> 
                     spare += 1
                     free[class_key] = free.get(class_key, 0) + 1
             offers.append((name, devices, free))
-        units += [_Unit(node, n, ds, class_of, f, host_class, spare) for n, ds, f in offers]
+        units += [
+            _Unit(node, n, ds, class_of, f, host_class, spare, platform) for n, ds, f in offers
+        ]
     return units
 
 
@@ -317,16 +321,15 @@ def plan(
     search = _Search(units, judge.classes, reference, nodes, devices_per_node)
     found = search.homogeneous() or search.mixed()
     if found is not None:
-        return _on_platform(found, index, pool, judge)
+        return _on_platform(found, index)
     return Refusal(search.reasons(index, pool, device_name))
 
 
-def _on_platform(found: Plan, index: VariantIndex, pool: Pool, judge: Judge) -> Plan:
+def _on_platform(found: Plan, index: VariantIndex) -> Plan:
     """The chosen image's manifest for the gang's platform, when all its nodes share one."""
     chosen = found.candidate
     image = index.bare if chosen.label is None else index.images.get(chosen.label)
-    nodes = {node.agent_id: node for node in pool.nodes}
-    platforms = {judge.platform(nodes[a.agent_id]) for a in found.allocations}
+    platforms = {a.platform for a in found.allocations}
     if image is None or len(platforms) != 1 or None in platforms:
         return found
     picked = image.on(Platform.parse(str(platforms.pop())))
@@ -366,7 +369,13 @@ class _Search:
 
     def _plan(self, key: str, picks: Sequence[_Pick], homogeneous: bool) -> Plan:
         allocations = tuple(
-            NodeAllocation(p.unit.node.agent_id, p.unit.node.host, p.unit.device_name, p.devices)
+            NodeAllocation(
+                p.unit.node.agent_id,
+                p.unit.node.host,
+                p.unit.device_name,
+                p.devices,
+                p.unit.platform,
+            )
             for p in picks
         )
         return Plan(self.candidates[key], allocations, homogeneous)
