@@ -35,6 +35,7 @@ __all__ = [
     "JsonFormatter",
     "ServerArgumentParser",
     "add_tls_arguments",
+    "bearer_token",
     "bind_socket",
     "configure_logging",
     "error_kind",
@@ -91,6 +92,13 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 class BodyTooLargeError(InvalidInputError):
     """A request body over its limit (HTTP 413)."""
+
+
+def bearer_token(request: Request) -> str | None:
+    """The token of ``Authorization: Bearer TOKEN``; ``None`` without one."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
 
 
 def timed_out(exc: BaseException) -> bool:

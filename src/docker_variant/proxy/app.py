@@ -26,7 +26,7 @@ from docker_variant.proxy.variants import (
     VariantService,
     discover_document,
 )
-from docker_variant.serving import BodyTooLargeError, oci_error, read_body
+from docker_variant.serving import BodyTooLargeError, bearer_token, oci_error, read_body
 
 __all__ = ["DEFAULT_CACHE_TTL", "DEFAULT_UPSTREAM_TIMEOUT", "check_upstream_url", "create_app"]
 
@@ -147,9 +147,8 @@ def create_app(
         repository's indexes, in every replica."""
         if notify_secret is None:
             return oci_error(404, "UNSUPPORTED", "notifications are not enabled (--notify-secret)")
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        expected = notify_secret.encode()
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+        given = bearer_token(request)
+        if given is None or not hmac.compare_digest(given.encode(), notify_secret.encode()):
             return oci_error(
                 401,
                 "UNAUTHORIZED",

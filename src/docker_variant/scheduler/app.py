@@ -40,7 +40,13 @@ from docker_variant.scheduler.documents import (
 from docker_variant.scheduler.placement import Refusal
 from docker_variant.scheduler.store import Store
 from docker_variant.scheduler.tokens import ANONYMOUS, Principal, TokenTable
-from docker_variant.serving import BodyTooLargeError, error_kind, oci_error, read_body
+from docker_variant.serving import (
+    BodyTooLargeError,
+    bearer_token,
+    error_kind,
+    oci_error,
+    read_body,
+)
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.selection import Candidate
 
@@ -140,10 +146,10 @@ def create_app(
     def caller(request: Request, *roles: str) -> Principal:
         if tokens is None:
             return ANONYMOUS
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        token = bearer_token(request)
+        if token is None:
             raise _Unauthorized("a bearer token is required (Authorization: Bearer TOKEN)")
-        principal = tokens.find(token.strip())
+        principal = tokens.find(token)
         if principal is None:
             raise _Unauthorized("the bearer token is not valid", invalid=True)
         if roles and principal.role not in roles and principal.role != "admin":

@@ -79,6 +79,15 @@ class _PoolRows:
     devices: dict[str, dict[str, list[tuple[str, ProfileKey]]]]  # agent -> name -> (id, profile)
 
 
+def _bump_pool_version(conn: Connection) -> None:
+    """The pool's agents or devices changed: every process re-reads them on its next plan."""
+    conn.execute(
+        pool_version.update()
+        .where(pool_version.c.id == 1)
+        .values(version=pool_version.c.version + 1)
+    )
+
+
 def _iso(timestamp: float) -> str:
     return (
         datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
@@ -225,11 +234,7 @@ class Store:
                 conn.execute(delete(devices).where(devices.c.agent_id == report.agent_id))
                 if rows:
                     conn.execute(insert(devices), rows)
-                conn.execute(
-                    pool_version.update()
-                    .where(pool_version.c.id == 1)
-                    .values(version=pool_version.c.version + 1)
-                )
+                _bump_pool_version(conn)
         self._profiles.update(documents)
         views = self._views(None, report.agent_id, detail=False)  # the lists were just sent
         return views[0]
@@ -553,11 +558,7 @@ class Store:
                 conn.execute(delete(placements).where(placements.c.id.in_(held)))
             conn.execute(delete(devices).where(devices.c.agent_id == agent_id))
             conn.execute(delete(agents).where(agents.c.agent_id == agent_id))
-            conn.execute(
-                pool_version.update()
-                .where(pool_version.c.id == 1)
-                .values(version=pool_version.c.version + 1)
-            )
+            _bump_pool_version(conn)
         return held
 
     def delete_placement(self, placement_id: str) -> bool:
