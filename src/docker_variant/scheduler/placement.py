@@ -27,12 +27,14 @@ nodes could take it and why the others cannot.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import heapq
 import json
 import re
-from collections import Counter
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import chain, islice, repeat
 from typing import NamedTuple
 
 from docker_variant.scheduler.documents import AgentReport
@@ -82,15 +84,208 @@ class Node:
     platform: str | None = None  # as reported; None: the host lists' CPU namespace says
 
 
-@dataclass(frozen=True)
-class Pool:
-    """A consistent snapshot: live agents, the lists their profiles name, and the agents
-    left out (``agent_id -> why``, e.g. no heartbeat) so that refusals can mention them."""
+Signature = tuple[
+    ProfileKey,  # host lists
+    str | None,  # platform, as reported
+    tuple[tuple[str, tuple[tuple[ProfileKey, int, int], ...]], ...],  # name, (profile, n, free)
+]
+DeviceKey = tuple[str, str, str]  # (agent_id, device_name, device_id)
 
-    nodes: Sequence[Node]
-    profiles: Mapping[ProfileKey, SupportedLists]
-    unavailable: Mapping[str, str] = field(default_factory=dict)
-    scope: str = ""  # e.g. ' in resource group "gpu"', for messages
+
+def signature(node: Node) -> Signature:
+    """What the planner sees of a node but its agent id: its host lists and platform and, per
+    device name, how many devices of each profile it has and how many of them are free."""
+    names = []
+    for name in sorted(node.devices):
+        counts: dict[ProfileKey, list[int]] = {}
+        for device in node.devices[name]:
+            count = counts.setdefault(device.profile, [0, 0])
+            count[0] += 1
+            count[1] += device.free
+        names.append((name, tuple(sorted((p, n, free) for p, (n, free) in counts.items()))))
+    return (node.host, node.platform, tuple(names))
+
+
+class Pool:
+    """The live agents, the lists their profiles name, and the agents left out
+    (``agent_id -> why``, e.g. no heartbeat) so that refusals can mention them.
+
+    Nodes are indexed by :func:`signature`: nodes with one signature differ only in agent id,
+    so each signature is one bucket of agent ids, kept sorted. A pool has few signatures (a
+    GPU kind times its free count, in a fleet of whole nodes), however many nodes: the planner
+    works per signature and visits single nodes only to pick their devices. ``allocate``,
+    ``release``, ``put``, ``remove`` and ``park`` keep the index up to date, at the cost of
+    the nodes they touch; ``plan`` only reads it.
+    """
+
+    def __init__(
+        self,
+        nodes: Iterable[Node] = (),
+        profiles: Mapping[ProfileKey, SupportedLists] | None = None,
+        unavailable: Mapping[str, str] | None = None,
+        scope: str = "",  # e.g. ' in resource group "gpu"', for messages
+    ) -> None:
+        self.profiles: Mapping[ProfileKey, SupportedLists] = profiles or {}
+        self.scope = scope
+        self._unavailable: dict[str, str] = dict(unavailable or {})
+        self._nodes: dict[str, Node] = {}  # live: planned on
+        self._parked: dict[str, Node] = {}  # left out (see ``unavailable``), kept for later
+        self._taken: dict[str, set[tuple[str, str]]] = {}  # agent -> (name, id) allocated
+        self._signatures: dict[str, Signature] = {}  # live agent -> its signature
+        self._members: dict[Signature, list[str]] = {}  # signature -> agent ids, sorted
+        for node in nodes:
+            self._nodes[node.agent_id] = node
+            self._taken[node.agent_id] = _held(node)
+        for agent, node in self._nodes.items():
+            key = self._signatures[agent] = signature(node)
+            self._members.setdefault(key, []).append(agent)
+        for members in self._members.values():
+            members.sort()
+
+    # ----------------------------------------------------------------------- reading
+
+    @property
+    def nodes(self) -> list[Node]:
+        """The live nodes (a new list: a pool may hold tens of thousands; plan never asks)."""
+        return list(self._nodes.values())
+
+    @property
+    def unavailable(self) -> Mapping[str, str]:
+        return self._unavailable
+
+    def node(self, agent_id: str) -> Node:
+        return self._nodes[agent_id]
+
+    def __contains__(self, agent_id: object) -> bool:
+        return agent_id in self._nodes or agent_id in self._parked
+
+    def buckets(self) -> Iterator[tuple[Signature, Sequence[str]]]:
+        """Each signature with its live agents, sorted; do not change the pool meanwhile."""
+        return iter(self._members.items())
+
+    def allocations(self) -> Iterator[DeviceKey]:
+        """Every allocated device of the pool's agents, live or parked, reported or not."""
+        for agent, held in self._taken.items():
+            for name, device_id in held:
+                yield agent, name, device_id
+
+    def copy(self) -> Pool:
+        """An independent pool with the same state (nodes are immutable: shared)."""
+        other = Pool((), self.profiles, self._unavailable, self.scope)
+        other._nodes = dict(self._nodes)
+        other._parked = dict(self._parked)
+        other._taken = {agent: set(held) for agent, held in self._taken.items()}
+        other._signatures = dict(self._signatures)
+        other._members = {key: list(members) for key, members in self._members.items()}
+        return other
+
+    # ----------------------------------------------------------------------- changing
+
+    def put(self, node: Node, taken: Iterable[tuple[str, str]] | None = None) -> None:
+        """Add or replace a live node. ``taken``: its allocated (device name, device id),
+        which decide its devices' ``free``; by default the devices' own ``free`` decides."""
+        agent = node.agent_id
+        if taken is None:
+            held = _held(node)
+        else:
+            held = set(taken)
+            node = _with_free(node, held)
+        self.remove(agent)
+        self._nodes[agent] = node
+        self._taken[agent] = held
+        self._index(agent, node)
+
+    def remove(self, agent_id: str) -> None:
+        """Forget the agent (live or parked); nothing when it is not in the pool."""
+        self._unindex(agent_id)
+        self._nodes.pop(agent_id, None)
+        if self._parked.pop(agent_id, None) is not None:
+            self._unavailable.pop(agent_id, None)
+        self._taken.pop(agent_id, None)
+
+    def park(self, agent_id: str, why: str) -> None:
+        """Leave the agent out of plans (refusals say ``why``) but keep it for ``unpark``."""
+        node = self._nodes.pop(agent_id, None)
+        if node is not None:
+            self._unindex(agent_id)
+            self._parked[agent_id] = node
+        if agent_id in self._parked:
+            self._unavailable[agent_id] = why
+
+    def unpark(self, agent_id: str) -> None:
+        node = self._parked.pop(agent_id, None)
+        if node is not None:
+            self._unavailable.pop(agent_id, None)
+            self._nodes[agent_id] = node
+            self._index(agent_id, node)
+
+    def allocate(self, keys: Iterable[DeviceKey]) -> None:
+        """Mark devices allocated; devices of agents not in the pool are ignored, and so
+        are repeats. A device its agent no longer reports stays allocated if it returns."""
+        self._mark(keys, taken=True)
+
+    def release(self, keys: Iterable[DeviceKey]) -> None:
+        self._mark(keys, taken=False)
+
+    def _mark(self, keys: Iterable[DeviceKey], *, taken: bool) -> None:
+        by_agent: dict[str, list[tuple[str, str]]] = {}
+        for agent, name, device_id in keys:
+            by_agent.setdefault(agent, []).append((name, device_id))
+        for agent, changes in by_agent.items():
+            held = self._taken.get(agent)
+            if held is None:
+                continue
+            if taken:
+                held.update(changes)
+            else:
+                held.difference_update(changes)
+            live = agent in self._nodes
+            node = self._nodes[agent] if live else self._parked[agent]
+            names = {name for name, _ in changes}
+            marked = _with_free(node, held, names)
+            if marked is node:
+                continue
+            if live:
+                self._unindex(agent)
+                self._nodes[agent] = marked
+                self._index(agent, marked)
+            else:
+                self._parked[agent] = marked
+
+    def _index(self, agent: str, node: Node) -> None:
+        key = self._signatures[agent] = signature(node)
+        bisect.insort(self._members.setdefault(key, []), agent)
+
+    def _unindex(self, agent: str) -> None:
+        key = self._signatures.pop(agent, None)
+        if key is None:
+            return
+        members = self._members[key]
+        del members[bisect.bisect_left(members, agent)]
+        if not members:
+            del self._members[key]
+
+
+def _held(node: Node) -> set[tuple[str, str]]:
+    return {(name, d.device_id) for name, ds in node.devices.items() for d in ds if not d.free}
+
+
+def _with_free(
+    node: Node, held: Container[tuple[str, str]], names: Iterable[str] | None = None
+) -> Node:
+    """The node with ``free`` set from ``held`` (on the devices of ``names``; default all);
+    the node itself when nothing changes."""
+    devices = dict(node.devices)
+    changed = False
+    for name in devices if names is None else names:
+        members = devices.get(name, ())
+        if all(d.free == ((name, d.device_id) not in held) for d in members):
+            continue
+        devices[name] = [
+            Device(d.device_id, d.profile, (name, d.device_id) not in held) for d in members
+        ]
+        changed = True
+    return replace(node, devices=devices) if changed else node
 
 
 @dataclass(frozen=True)
@@ -192,12 +387,15 @@ class Judge:
     def platform(self, node: Node) -> str | None:
         """The node's platform: as reported, else what its host lists' CPU namespace says
         (worked out once per host profile: a pool has few)."""
-        if node.platform is not None:
-            return node.platform
-        if node.host not in self._implied:
-            implied = platform_of_lists(self.profiles[node.host])
-            self._implied[node.host] = str(implied) if implied is not None else None
-        return self._implied[node.host]
+        return self.platform_of(node.host, node.platform)
+
+    def platform_of(self, host: ProfileKey, reported: str | None) -> str | None:
+        if reported is not None:
+            return reported
+        if host not in self._implied:
+            implied = platform_of_lists(self.profiles[host])
+            self._implied[host] = str(implied) if implied is not None else None
+        return self._implied[host]
 
     def classify(
         self, host: ProfileKey, device: ProfileKey | None = None, platform: str | None = None
@@ -238,12 +436,61 @@ def natural_key(value: str) -> tuple[tuple[int, int | str], ...]:
     )
 
 
+# --------------------------------------------------------------------------- kinds
+
+
+@dataclass(frozen=True)
+class _Offer:
+    """What each node of one signature offers under one device name, by device class."""
+
+    device_name: str
+    free: Mapping[str, int]  # class key -> free devices (classes with one at least)
+    total: Mapping[str, int]  # class key -> devices, free or not
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """The nodes of one signature as one index sees them: alike but for their agent ids."""
+
+    agents: Sequence[str]  # sorted
+    spare: int  # free devices on each node under every name: the best-fit measure
+    host_class: str  # the class of the host lists alone
+    offers: tuple[_Offer, ...]  # by device name (``device_name`` alone when given); none
+    # when no device is taken
+
+
+def _kinds(pool: Pool, judge: Judge, per_node: int, device_name: str | None) -> list[_Kind]:
+    """Each signature of the pool judged once: a class is looked up once per profile on
+    a signature, so the work grows with the signatures, not with the nodes."""
+    kinds = []
+    classify = judge.classify
+    for (host, reported, names), agents in pool.buckets():
+        platform = judge.platform_of(host, reported)
+        host_class = classify(host, None, platform).key
+        spare = sum(n_free for _, counts in names for _, _, n_free in counts)
+        offers = []
+        if per_node > 0:
+            for name, counts in names:
+                if device_name is not None and name != device_name:
+                    continue
+                free: dict[str, int] = {}
+                total: dict[str, int] = {}
+                for profile, n, n_free in counts:
+                    class_key = classify(host, profile, platform).key
+                    total[class_key] = total.get(class_key, 0) + n
+                    if n_free:
+                        free[class_key] = free.get(class_key, 0) + n_free
+                offers.append(_Offer(name, free, total))
+        kinds.append(_Kind(agents, spare, host_class, tuple(offers)))
+    return kinds
+
+
 # --------------------------------------------------------------------------- units
 
 
 @dataclass(frozen=True)
 class _Unit:
-    """What one node offers under one device name (or, taking no device, its host)."""
+    """What one chosen node offers under one device name (or, taking no device, its host)."""
 
     node: Node
     device_name: str | None  # None when no device is taken
@@ -258,6 +505,24 @@ class _Unit:
         return [d for d in self.devices if d.free and self.class_of[d.profile] == class_key]
 
 
+def _unit(node: Node, judge: Judge, device_name: str | None, spare: int) -> _Unit:
+    """The node's offer under ``device_name`` (None: no device is taken), device by device:
+    made only for the nodes a plan picks."""
+    platform = judge.platform(node)
+    host_class = judge.classify(node.host, None, platform).key
+    devices = () if device_name is None else node.devices.get(device_name, ())
+    class_of: dict[ProfileKey, str] = {}
+    free: dict[str, int] = {}
+    for device in devices:
+        class_key = class_of.get(device.profile)
+        if class_key is None:
+            class_key = judge.classify(node.host, device.profile, platform).key
+            class_of[device.profile] = class_key
+        if device.free:
+            free[class_key] = free.get(class_key, 0) + 1
+    return _Unit(node, device_name, devices, class_of, free, host_class, spare, platform)
+
+
 def _device_order(device: Device) -> tuple[tuple[int, int | str], ...]:
     return natural_key(device.device_id)
 
@@ -265,42 +530,6 @@ def _device_order(device: Device) -> tuple[tuple[int, int | str], ...]:
 def _first(devices: Sequence[Device], count: int) -> tuple[Device, ...]:
     """The first ``count`` devices in id order (``GPU-2`` before ``GPU-10``)."""
     return tuple(sorted(devices, key=_device_order)[:count])
-
-
-def _units(pool: Pool, judge: Judge, per_node: int, device_name: str | None) -> list[_Unit]:
-    """Each node's offer under each device name: one pass over every device, the hot loop
-    of a placement, so it only counts free devices per class; a class is looked up once
-    per distinct device profile on a node."""
-    units: list[_Unit] = []
-    classify = judge.classify
-    for node in pool.nodes:
-        platform = judge.platform(node)
-        host_class = classify(node.host, None, platform).key
-        if per_node == 0:
-            spare = sum(1 for ds in node.devices.values() for d in ds if d.free)
-            units.append(_Unit(node, None, (), {}, {host_class: 0}, host_class, spare, platform))
-            continue
-        class_of: dict[ProfileKey, str] = {}
-        spare = 0
-        offers = []
-        for name, devices in sorted(node.devices.items()):
-            if device_name is not None and name != device_name:
-                spare += sum(1 for d in devices if d.free)
-                continue
-            free: dict[str, int] = {}
-            for device in devices:
-                class_key = class_of.get(device.profile)
-                if class_key is None:
-                    class_key = classify(node.host, device.profile, platform).key
-                    class_of[device.profile] = class_key
-                if device.free:
-                    spare += 1
-                    free[class_key] = free.get(class_key, 0) + 1
-            offers.append((name, devices, free))
-        units += [
-            _Unit(node, n, ds, class_of, f, host_class, spare, platform) for n, ds, f in offers
-        ]
-    return units
 
 
 # --------------------------------------------------------------------------- plan
@@ -316,13 +545,13 @@ def plan(
 ) -> Plan | Refusal:
     """The placement the rule in this module's docstring picks, or why there is none."""
     judge = Judge(index, pool.profiles)
-    units = _units(pool, judge, devices_per_node, device_name)
+    kinds = _kinds(pool, judge, devices_per_node, device_name)
     reference = select(index, virtual_host(index)).ranked
-    search = _Search(units, judge.classes, reference, nodes, devices_per_node)
+    search = _Search(pool, judge, kinds, reference, nodes, devices_per_node, device_name)
     found = search.homogeneous() or search.mixed()
     if found is not None:
         return _on_platform(found, index)
-    return Refusal(search.reasons(index, pool, device_name))
+    return Refusal(search.reasons(index))
 
 
 def _on_platform(found: Plan, index: VariantIndex) -> Plan:
@@ -350,22 +579,47 @@ class _Pick:
     devices: tuple[Device, ...] = field(compare=False)
 
 
+_Run = tuple[tuple[int, ...], _Kind, str | None]  # (order of its nodes, kind, device name)
+_Taken = tuple[tuple[int, ...], str, _Kind, str | None]  # (order, agent id, kind, device name)
+
+
+class _Agents:
+    """Agent ids as sorted runs (one per kind), merged only as far as a message shows
+    them, then ``after`` (agents left out) in their order."""
+
+    def __init__(self, runs: Sequence[Sequence[str]], after: Sequence[str] = ()) -> None:
+        self.runs = runs
+        self.after = after
+        self.count = sum(len(run) for run in runs) + len(after)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def first(self, count: int) -> list[str]:
+        return list(islice(chain(heapq.merge(*self.runs), self.after), count))
+
+
 class _Search:
     def __init__(
         self,
-        units: Sequence[_Unit],
-        classes: Mapping[str, DeviceClass],
+        pool: Pool,
+        judge: Judge,
+        kinds: Sequence[_Kind],
         reference: Sequence[Candidate],
         nodes: int,
         per_node: int,
+        device_name: str | None,
     ) -> None:
-        self.units = units
-        self.classes = classes
+        self.pool = pool
+        self.judge = judge
+        self.kinds = kinds
+        self.classes = judge.classes
         self.reference = reference
         self.order = {candidate_key(c): i for i, c in enumerate(reference)}
         self.candidates = {candidate_key(c): c for c in reference}
         self.nodes = nodes
         self.per_node = per_node
+        self.device_name = device_name
 
     def _plan(self, key: str, picks: Sequence[_Pick], homogeneous: bool) -> Plan:
         allocations = tuple(
@@ -380,27 +634,66 @@ class _Search:
         )
         return Plan(self.candidates[key], allocations, homogeneous)
 
+    def _take(self, runs: Sequence[_Run]) -> list[_Taken]:
+        """The first ``nodes`` agents of ``runs`` by (their run's order, agent id)."""
+        merged = heapq.merge(
+            *(zip(repeat(order), kind.agents, repeat(i)) for i, (order, kind, _) in enumerate(runs))
+        )
+        return [
+            (order, agent, runs[i][1], runs[i][2]) for order, agent, i in islice(merged, self.nodes)
+        ]
+
     def homogeneous(self) -> Plan | None:
         """Nodes whose chosen devices are all of one class, with that class's first choice."""
-        groups: dict[tuple[str, str], list[_Unit]] = {}
-        for unit in self.units:
-            for class_key, free in unit.free.items():
-                if free >= self.per_node:
-                    groups.setdefault((unit.device_name or "", class_key), []).append(unit)
+        groups: dict[tuple[str, str], list[_Kind]] = {}
+        for kind in self.kinds:
+            if self.per_node == 0:
+                groups.setdefault(("", kind.host_class), []).append(kind)
+                continue
+            for offer in kind.offers:
+                for class_key, free in offer.free.items():
+                    if free >= self.per_node:
+                        groups.setdefault((offer.device_name, class_key), []).append(kind)
         options = []
         for (name, class_key), members in groups.items():
             cls = self.classes[class_key]
-            if len(members) >= self.nodes and cls.ranks:
+            if sum(len(kind.agents) for kind in members) >= self.nodes and cls.ranks:
                 options.append((self.order[cls.first_choice], name, class_key))
         if not options:
             return None
         _, name, class_key = min(options)
-        members = sorted(groups[(name, class_key)], key=lambda u: (u.spare, u.node.agent_id))
-        picks = [
-            _Pick(1, 1, u.spare, u.node.agent_id, u, _first(u.free_of(class_key), self.per_node))
-            for u in members[: self.nodes]
-        ]
+        device_name = name if self.per_node > 0 else None
+        runs = [((kind.spare,), kind, device_name) for kind in groups[(name, class_key)]]
+        picks = []
+        for _, agent, kind, _ in self._take(runs):
+            unit = _unit(self.pool.node(agent), self.judge, device_name, kind.spare)
+            devices = _first(unit.free_of(class_key), self.per_node)
+            picks.append(_Pick(1, 1, kind.spare, agent, unit, devices))
         return self._plan(self.classes[class_key].first_choice, picks, True)
+
+    def _kind_offer(self, key: str, kind: _Kind) -> tuple[int, int, str | None] | None:
+        """(worst rank, classes, device name) of the best devices a node of ``kind`` has for
+        candidate ``key``: lowest ranks, fewest classes, the first device name on a tie."""
+        if self.per_node == 0:
+            rank = self.classes[kind.host_class].ranks.get(key)
+            return None if rank is None else (rank, 1, None)
+        best: tuple[int, int, str | None] | None = None
+        for offer in kind.offers:
+            fitting = sorted(
+                (rank, -free, class_key)
+                for class_key, free in offer.free.items()
+                if (rank := self.classes[class_key].ranks.get(key)) is not None
+            )
+            if sum(-negative for _, negative, _ in fitting) < self.per_node:
+                continue
+            need, classes, cost = self.per_node, 0, 0
+            for rank, negative, _ in fitting:  # devices taken class by class in this order
+                need, classes, cost = need + negative, classes + 1, rank
+                if need <= 0:
+                    break
+            if best is None or (cost, classes) < best[:2]:
+                best = (cost, classes, offer.device_name)
+        return best
 
     def _offer(self, key: str, unit: _Unit) -> _Pick | None:
         """The node's best devices for candidate ``key``: lowest ranks, fewest classes."""
@@ -424,25 +717,33 @@ class _Search:
 
     def mixed(self) -> Plan | None:
         """The candidate whose worst rank over the chosen devices is lowest."""
-        best: tuple[int, str, list[_Pick]] | None = None
+        best: tuple[int, str, list[_Taken]] | None = None
         for candidate in self.reference:  # on an equal worst rank, the first one wins
             key = candidate_key(candidate)
-            per_agent: dict[str, _Pick] = {}
-            for unit in self.units:
-                offer = self._offer(key, unit)
-                agent = unit.node.agent_id
-                if offer is not None and (agent not in per_agent or offer < per_agent[agent]):
-                    per_agent[agent] = offer
-            if len(per_agent) < self.nodes:
+            runs: list[_Run] = []
+            able = 0
+            for kind in self.kinds:
+                offer = self._kind_offer(key, kind)
+                if offer is not None:
+                    cost, classes, name = offer
+                    runs.append(((cost, classes, kind.spare), kind, name))
+                    able += len(kind.agents)
+            if able < self.nodes:
                 continue
-            picks = sorted(per_agent.values())[: self.nodes]
-            if best is None or picks[-1].cost < best[0]:
-                best = (picks[-1].cost, key, picks)
-                if best[0] == 1:
+            taken = self._take(runs)
+            worst = taken[-1][0][0]
+            if best is None or worst < best[0]:
+                best = (worst, key, taken)
+                if worst == 1:
                     break
         if best is None:
             return None
-        _, key, picks = best
+        _, key, taken = best
+        picks = []
+        for order, agent, kind, name in taken:
+            pick = self._offer(key, _unit(self.pool.node(agent), self.judge, name, kind.spare))
+            assert pick is not None and (pick.cost, pick.classes) == order[:2], (agent, key)
+            picks.append(pick)
         if self.per_node == 0:
             used = {p.unit.host_class for p in picks}
         else:
@@ -451,25 +752,26 @@ class _Search:
 
     # ----------------------------------------------------------------------- refusals
 
-    def _why_not(self, key: str, units: Sequence[_Unit], device_name: str | None) -> str | None:
-        """None when the node can take the candidate, else why it cannot."""
-        if not units:
-            return f"no {device_name} devices" if device_name else "no devices"
+    def _why_not(self, key: str, kind: _Kind) -> str | None:
+        """None when a node of ``kind`` can take the candidate, else why it cannot."""
         if self.per_node == 0:
-            cls = self.classes[units[0].host_class]
+            cls = self.classes[kind.host_class]
             return None if key in cls.ranks else cls.reasons.get(key, "does not fit")
-        best: tuple[int, int, _Unit] | None = None
-        for unit in units:
-            fits = [d for d in unit.devices if key in self.classes[unit.class_of[d.profile]].ranks]
-            free = sum(d.free for d in fits)
+        best: tuple[int, int, Mapping[str, int]] | None = None
+        for offer in kind.offers:
+            if not offer.total:
+                continue
+            fits = [c for c in offer.total if key in self.classes[c].ranks]
+            free = sum(offer.free.get(c, 0) for c in fits)
             if free >= self.per_node:
                 return None
-            if best is None or (free, len(fits)) > best[:2]:
-                best = (free, len(fits), unit)
-        assert best is not None
-        free, fitting, unit = best
+            fitting = sum(offer.total[c] for c in fits)
+            if best is None or (free, fitting) > best[:2]:
+                best = (free, fitting, offer.total)
+        if best is None:
+            return f"no {self.device_name} devices" if self.device_name else "no devices"
+        free, fitting, counts = best
         if fitting == 0:
-            counts = Counter(unit.class_of[d.profile] for d in unit.devices)
             common = max(counts, key=lambda k: (counts[k], k))
             reason = self.classes[common].reasons.get(key, "does not fit")
             return reason.replace("this host", "this device")
@@ -477,38 +779,41 @@ class _Search:
             return f"only {_plural(fitting, 'device')} fit{'s' if fitting == 1 else ''} it"
         return f"only {free} of its {fitting} fitting devices are free"
 
-    def reasons(self, index: VariantIndex, pool: Pool, device_name: str | None) -> dict[str, str]:
-        by_agent: dict[str, list[_Unit]] = {node.agent_id: [] for node in pool.nodes}
-        for unit in self.units:
-            if unit.devices or self.per_node == 0:
-                by_agent[unit.node.agent_id].append(unit)
+    def reasons(self, index: VariantIndex) -> dict[str, str]:
+        """Per candidate: how many nodes could take it and, grouped, why the others cannot
+        (judged once per kind; the agents named are merged from the kinds' sorted runs)."""
+        left_out: dict[str, list[str]] = {}
+        for agent, why_out in sorted(self.pool.unavailable.items()):
+            left_out.setdefault(why_out, []).append(agent)
         reasons: dict[str, str] = {}
         for candidate in sorted(self.reference, key=candidate_key):
             key = candidate_key(candidate)
-            able: list[str] = []
-            why: dict[str, list[str]] = {}
-            for agent, units in sorted(by_agent.items()):
-                text = self._why_not(key, units, device_name)
-                if text is None:
-                    able.append(agent)
+            able: list[Sequence[str]] = []
+            why: dict[str, list[Sequence[str]]] = {}
+            for kind in self.kinds:
+                because = self._why_not(key, kind)
+                if because is None:
+                    able.append(kind.agents)
                 else:
-                    why.setdefault(text, []).append(agent)
-            for agent, text in sorted(pool.unavailable.items()):
-                why.setdefault(text, []).append(agent)
-            reasons[key] = self._sentence(able, why, pool.scope)
+                    why.setdefault(because, []).append(kind.agents)
+            groups = {
+                text: _Agents(why.get(text, []), left_out.get(text, []))
+                for text in why.keys() | left_out.keys()
+            }
+            reasons[key] = self._sentence(_Agents(able), groups, self.pool.scope)
         for image in index.invalid:
             reasons[image.tag] = f"invalid image: {image.error}"
         return reasons
 
-    def _sentence(self, able: Sequence[str], why: Mapping[str, Sequence[str]], scope: str) -> str:
+    def _sentence(self, able: _Agents, why: Mapping[str, _Agents], scope: str) -> str:
         if self.per_node == 0:
             need = f"needs {_plural(self.nodes, 'node')} whose host fits it"
         else:
             devices = _plural(self.per_node, "free device")
             need = f"needs {_plural(self.nodes, 'node')} with {devices} fitting it"
-        if not able and not why:
+        if not len(able) and not why:
             return f"{need}; there are no agents{scope}"
-        if able:
+        if len(able):
             verb = "has" if len(able) == 1 else "have"
             have = f"{_plural(len(able), 'node')} {verb} them ({_agents(able)})"
         else:
@@ -524,7 +829,7 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
-def _agents(ids: Sequence[str]) -> str:
-    shown = ", ".join(ids[:_SHOWN_AGENTS])
+def _agents(ids: _Agents) -> str:
+    shown = ", ".join(ids.first(_SHOWN_AGENTS))
     extra = len(ids) - _SHOWN_AGENTS
     return f"{shown} and {extra} more" if extra > 0 else shown
