@@ -1,16 +1,32 @@
 """The pool's index against brute force: on randomized pools, changed step by step with
 allocations, releases, new reports, departures and agents left out, the indexed ``plan`` gives
 exactly the answer (the plan, or the refusal's every word) of the planner that scans every
-node (``scheduler_reference.py``), and the index equals one rebuilt from the nodes."""
+node (``scheduler_reference.py``), and the index equals one rebuilt from the nodes. The store
+keeps its pool current from its own commits, and notices those of another process."""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from docker_variant.scheduler.placement import Device, Node, Plan, Pool, plan, profile_key
+from docker_variant.scheduler import Store
+from docker_variant.scheduler.documents import (
+    PlacementRequest,
+    parse_agent_report,
+    parse_placement_request,
+)
+from docker_variant.scheduler.placement import (
+    Device,
+    Node,
+    Plan,
+    Pool,
+    Refusal,
+    plan,
+    profile_key,
+)
 from docker_variant.variant import VariantIndex
 from docker_variant.variant.model import SupportedLists
 from scheduler_reference import reference_plan
@@ -23,8 +39,10 @@ from test_scheduler_support import (
     L4_R535,
     X86_V3,
     X86_V4,
+    agent_body,
     gpu_lists,
     gpu_only_index,
+    open_store,
 )
 
 GRACE = {"aarch64": {"version": ["9.0a", "8a"]}}
@@ -169,3 +187,120 @@ def test_a_copy_is_independent() -> None:
     pool.remove(pool.nodes[0].agent_id)
     assert buckets(copy) == before
     assert buckets(pool) != before
+
+
+# --------------------------------------------------------------------------- the store
+
+
+def _request(nodes: int, per_node: int, group: str | None = None) -> PlacementRequest:
+    body = {"index": INDEX, "nodes": nodes, "devices_per_node": per_node}
+    return parse_placement_request(body if group is None else {**body, "resource_group": group})
+
+
+def _devices(outcome: dict[str, Any] | Refusal) -> list[tuple[str, str]]:
+    assert isinstance(outcome, dict), getattr(outcome, "reasons", None)
+    return [(a["agent_id"], d) for a in outcome["allocations"] for d in a["devices"]]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_the_store_keeps_its_pool_current_without_reading_it(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the first plan, this process's own reports, placements and deletions reach the
+    pool in memory as they commit: no plan re-reads it, and it equals a fresh read."""
+    index = VariantIndex.from_json(INDEX, "index")
+    with open_store(kind, tmp_path) as store:
+        for i in range(8):
+            gpu = (H200_R570, A100_R535)[i % 2]
+            store.report_agent(parse_agent_report(agent_body(gpu, 4), f"n{i}"))
+        groups = (None, "default", "b")
+        for group in groups:  # each group's pool is read once, here
+            store.snapshot(group)
+        reads: list[str] = []
+        for name in ("_load", "_reload_allocations"):
+            monkeypatch.setattr(store, name, lambda *_a, name=name: reads.append(name))
+        rng = random.Random(5)
+        made: list[str] = []
+        for step in range(40):
+            choice = rng.random()
+            if choice < 0.5:
+                request = _request(rng.randint(1, 3), rng.randint(0, 3), rng.choice(groups))
+                outcome = store.place(index, request, lambda c: c.tag)
+                if isinstance(outcome, dict):
+                    made.append(outcome["id"])
+            elif choice < 0.75 and made:
+                assert store.delete_placement(made.pop(rng.randrange(len(made))))
+            elif choice < 0.9:
+                gpu = rng.choice([H200_R570, A100_R535, B200_R580])
+                body = agent_body(gpu, rng.randint(1, 6), group=rng.choice(["default", "b"]))
+                store.report_agent(parse_agent_report(body, f"n{rng.randrange(10)}"))
+            elif step % 7 == 0:
+                deleted = store.delete_agent(f"n{rng.randrange(10)}")
+                made = [p for p in made if p not in (deleted or [])]
+        assert reads == []
+        assert len(made) > 3
+        for group in groups:
+            kept = store.snapshot(group)
+            fresh = Store.open(store.engine.url.render_as_string(hide_password=False))
+            try:
+                assert buckets(kept) == buckets(fresh.snapshot(group)), group
+            finally:
+                fresh.close()
+        assert reads == []
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_changes_made_by_another_process_are_seen(kind: str, tmp_path: Path) -> None:
+    index = VariantIndex.from_json(gpu_only_index(), "index")
+    with open_store(kind, tmp_path) as one:
+        other = Store.open(one.engine.url.render_as_string(hide_password=False))
+        try:
+            one.report_agent(parse_agent_report(agent_body(H200_R570, 2), "node"))
+            first = one.place(index, _request(1, 1), lambda c: c.tag)
+            assert _devices(first) == [("node", "GPU-0")]
+            assert _devices(other.place(index, _request(1, 1), lambda c: c.tag)) == [
+                ("node", "GPU-1")
+            ]
+            full = one.place(index, _request(1, 1), lambda c: c.tag)  # seen, not raced for
+            assert isinstance(full, Refusal)
+            assert full.reasons["cu128"].endswith("node: only 0 of its 2 fitting devices are free")
+            assert isinstance(first, dict) and other.delete_placement(first["id"])
+            assert _devices(one.place(index, _request(1, 1), lambda c: c.tag)) == [
+                ("node", "GPU-0")
+            ]
+            other.report_agent(parse_agent_report(agent_body(H200_R570, 3), "node"))
+            assert _devices(one.place(index, _request(1, 1), lambda c: c.tag)) == [
+                ("node", "GPU-2")
+            ]
+        finally:
+            other.close()
+
+
+def test_the_agent_ttl_with_heartbeats_sent_to_another_process(tmp_path: Path) -> None:
+    """Heartbeats recorded by a replica keep an agent in (it is checked once it seems past
+    the TTL) and bring a left-out agent back; silence leaves it out."""
+    now = [1_000_000.0]
+    index = VariantIndex.from_json(gpu_only_index(), "index")
+    with open_store("sqlite", tmp_path, agent_ttl=60, clock=lambda: now[0]) as one:
+        url = one.engine.url.render_as_string(hide_password=False)
+        other = Store.open(url, agent_ttl=60, clock=lambda: now[0])
+        try:
+            for agent in ("a", "b"):
+                one.report_agent(parse_agent_report(agent_body(H200_R570, 1), agent))
+            assert len(one.snapshot().nodes) == 2
+            for _ in range(3):  # only "a" is heard from, through the other process
+                now[0] += 40
+                other.report_agent(parse_agent_report(agent_body(H200_R570, 1), "a"))
+                alive = [n.agent_id for n in one.snapshot().nodes]
+                assert alive == (["a", "b"] if now[0] - 1_000_000 <= 60 else ["a"])
+            refused = one.place(index, _request(2, 1), lambda c: c.tag)
+            assert isinstance(refused, Refusal)
+            assert refused.reasons["cu128"].endswith("b: no heartbeat for 120 s (agent TTL 60 s)")
+            other.report_agent(parse_agent_report(agent_body(H200_R570, 1), "b"))
+            assert len(_devices(one.place(index, _request(2, 1), lambda c: c.tag))) == 2
+            now[0] += 61  # both silent
+            assert one.snapshot().nodes == []
+            one.report_agent(parse_agent_report(agent_body(H200_R570, 1), "b"))  # heard here
+            assert [n.agent_id for n in one.snapshot().nodes] == ["b"]
+        finally:
+            other.close()

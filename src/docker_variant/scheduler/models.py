@@ -4,8 +4,11 @@
   identical GPUs store (and parse) their lists once.
 - ``agents`` and ``devices``: the last report of each agent; a report replaces its devices.
 - ``pool_version``: one row, one counter, bumped by every report that changes an agent's
-  resource group, lists or devices (not by plain heartbeats), so that a scheduler process
-  can keep the pool's devices in memory and re-read only the allocations while it is equal.
+  resource group, lists or devices (not by plain heartbeats), and by deleting an agent.
+- ``allocation_version``: the same for allocations, bumped by every placement and every
+  release. While both are unchanged, a scheduler process plans on the pool it keeps in
+  memory without reading it; it applies its own changes to that pool as it commits them, and
+  re-reads only what another process (a replica on the same database) changed.
 - ``placements`` and ``allocations``: one row per allocated device, whose primary key
   ``(agent_id, device_name, device_id)`` is what makes a second allocation of a device
   impossible, whatever the concurrency. Allocations do not reference ``devices``: a device
@@ -30,6 +33,7 @@ from sqlalchemy import (
 
 __all__ = [
     "agents",
+    "allocation_version",
     "allocations",
     "devices",
     "metadata",
@@ -77,6 +81,13 @@ devices = Table(
 
 pool_version = Table(
     "pool_version",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),  # always 1
+    Column("version", BigInteger, nullable=False),
+)
+
+allocation_version = Table(
+    "allocation_version",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=False),  # always 1
     Column("version", BigInteger, nullable=False),

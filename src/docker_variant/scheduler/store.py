@@ -6,20 +6,30 @@ that re-checks the planned agents and devices and inserts the placement with one
 two placements racing for a device cannot both commit: the loser's transaction rolls back
 as a whole and it plans again on fresh state, up to ``attempts`` times.
 
-A report that changes an agent (not a plain heartbeat) bumps ``pool_version``; while it is
-unchanged a snapshot takes agents and devices from memory and reads only the allocations.
+The pool lives in memory, indexed for planning (``placement.Pool``), one per resource group
+asked for. Two version rows say whether it is current: ``pool_version`` (agents and devices;
+bumped by a report that changes an agent, not by a plain heartbeat, and by deleting one) and
+``allocation_version`` (bumped by every placement and every release). This process applies
+the changes it commits to the pools in memory while holding ``_memory`` across the commit, so
+the versions read next still match: a placement reads two numbers, plans on the index and
+commits, at a cost that does not grow with the fleet. A change committed by another process
+(a replica on the same database) shows as a version this process did not make: a new
+allocation version re-reads the allocations, a new pool version the whole pool. With an
+agent TTL, a placement also reads every agent's last heartbeat, as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import heapq
 import json
 import random
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +48,7 @@ from docker_variant.scheduler.database import (
 from docker_variant.scheduler.documents import AgentReport, PlacementRequest
 from docker_variant.scheduler.models import (
     agents,
+    allocation_version,
     allocations,
     devices,
     metadata,
@@ -48,6 +59,7 @@ from docker_variant.scheduler.models import (
 from docker_variant.scheduler.placement import (
     BARE,
     Device,
+    DeviceKey,
     Node,
     Plan,
     Pool,
@@ -67,25 +79,57 @@ DEFAULT_ATTEMPTS = 5
 _IN_BATCH = 500
 
 _CACHED_POOLS = 64  # resource groups whose devices are kept in memory
+_HEARD = 1 << 16  # heartbeats kept for a pool between two plans (more are read when due)
 
 
 @dataclass
-class _PoolRows:
-    """The agents and devices of a pool at one ``pool_version``."""
+class _Memory:
+    """One resource group's pool in memory, as of two versions of the database."""
 
-    version: int
-    agents: list[tuple[str, ProfileKey, str | None]]  # (agent_id, host profile, platform)
+    pool: Pool
+    pool_version: int  # its agents and devices
+    allocation_version: int  # its devices' ``free``
+    # For the agent TTL: each agent's last heartbeat as far as this process knows (never
+    # later than the database's), the same as a heap, soonest first (entries that no longer
+    # match ``last_seen`` are stale), and heartbeats this process recorded since the last
+    # plan (appended without a lock; a hint: one lost or dropped is read again when due).
     last_seen: dict[str, float]
-    devices: dict[str, dict[str, list[tuple[str, ProfileKey]]]]  # agent -> name -> (id, profile)
+    deadlines: list[tuple[float, str]] = field(default_factory=list)
+    heard: deque[tuple[str, float]] = field(default_factory=lambda: deque(maxlen=_HEARD))
 
 
-def _bump_pool_version(conn: Connection) -> None:
-    """The pool's agents or devices changed: every process re-reads them on its next plan."""
-    conn.execute(
-        pool_version.update()
-        .where(pool_version.c.id == 1)
-        .values(version=pool_version.c.version + 1)
-    )
+_VERSIONS = select(
+    select(pool_version.c.version).where(pool_version.c.id == 1).scalar_subquery(),
+    select(allocation_version.c.version).where(allocation_version.c.id == 1).scalar_subquery(),
+)
+
+
+def _bump(conn: Connection, table: Any) -> int:
+    """Count a change in ``pool_version`` or ``allocation_version``; the new version. The row
+    stays locked (SQLite: the database) until the transaction ends, so versions commit in
+    order, and ``new - 1`` is the version just before this change."""
+    conn.execute(table.update().where(table.c.id == 1).values(version=table.c.version + 1))
+    return int(conn.execute(select(table.c.version).where(table.c.id == 1)).scalar_one())
+
+
+def _bump_pool_version(conn: Connection) -> int:
+    """The pool's agents or devices changed: other processes re-read them on their next plan."""
+    return _bump(conn, pool_version)
+
+
+def _node(
+    agent_id: str,
+    host: ProfileKey,
+    members: Mapping[str, Sequence[tuple[str, ProfileKey]]],
+    platform: str | None,
+    held: set[tuple[str, str]],
+) -> Node:
+    """A node from its rows; ``held``: its allocated (device name, device id)."""
+    devices = {
+        name: [Device(d, p, (name, d) not in held) for d, p in sorted(ids)]
+        for name, ids in members.items()
+    }
+    return Node(agent_id, host, devices, platform)
 
 
 def _iso(timestamp: float) -> str:
@@ -123,7 +167,11 @@ class Store:
         # devices and then lose the race to each other. Other processes (replicas sharing
         # the database) still race; the primary key settles it and the loser plans again.
         self._placing = threading.Lock()
-        self._pools: dict[str | None, _PoolRows] = {}  # by resource group (None: all)
+        # Held while the pools in memory are read or changed, and across the commit of each
+        # change this process makes, so that changes reach memory in the order they commit.
+        # Taken after a connection, never before one; held, it waits on no database lock.
+        self._memory = threading.Lock()
+        self._pools: dict[str | None, _Memory] = {}  # by resource group (None: all)
 
     @classmethod
     def open(cls, url: str, **kwargs: Any) -> Store:
@@ -133,8 +181,9 @@ class Store:
         with unavailable("creating the tables", store.url):
             metadata.create_all(engine)
             with store._write("creating the tables") as conn:
-                seed = store._insert(conn, pool_version).values(id=1, version=0)
-                conn.execute(seed.on_conflict_do_nothing())
+                for table in (pool_version, allocation_version):
+                    seed = store._insert(conn, table).values(id=1, version=0)
+                    conn.execute(seed.on_conflict_do_nothing())
         return store
 
     def close(self) -> None:
@@ -193,51 +242,112 @@ class Store:
                     }
                 )
         now = self.clock()
-        group, host, platform = report.resource_group, profile_key(report.host), report.platform
-        reported = {(r["device_name"], r["device_id"]): r["profile"] for r in rows}
-        with self._write(f"recording agent {report.agent_id}") as conn:
-            before = conn.execute(
-                select(agents.c.resource_group, agents.c.host_profile, agents.c.platform).where(
-                    agents.c.agent_id == report.agent_id
-                )
-            ).first()
-            known = {
-                (name, device_id): profile
-                for _, name, device_id, profile in conn.execute(
-                    select(devices).where(devices.c.agent_id == report.agent_id)
-                )
-            }
-            changed = before is None or tuple(before) != (group, host, platform)
-            changed = changed or known != reported
-            if changed:
-                self._ensure_profiles(conn, documents)
-            upsert = self._insert(conn, agents).values(
-                agent_id=report.agent_id,
-                resource_group=group,
-                host_profile=host,
-                first_seen=now,
-                last_seen=now,
-                platform=platform,
-            )
-            conn.execute(
-                upsert.on_conflict_do_update(
-                    index_elements=[agents.c.agent_id],
-                    set_={
-                        "resource_group": upsert.excluded.resource_group,
-                        "host_profile": upsert.excluded.host_profile,
-                        "last_seen": upsert.excluded.last_seen,
-                        "platform": upsert.excluded.platform,
-                    },
-                )
-            )
-            if changed:
-                conn.execute(delete(devices).where(devices.c.agent_id == report.agent_id))
-                if rows:
-                    conn.execute(insert(devices), rows)
-                _bump_pool_version(conn)
-        self._profiles.update(documents)
+        with contextlib.ExitStack() as applying:
+            with self._write(f"recording agent {report.agent_id}") as conn:
+                version, held = self._record(conn, report, rows, documents, now)
+                if version:
+                    applying.enter_context(self._memory)  # released once memory has it
+            self._profiles.update(documents)
+            if version:
+                self._apply_report(version, report, held, now)
+        if self.agent_ttl > 0:
+            for memory in list(self._pools.values()):
+                memory.heard.append((report.agent_id, now))
         views = self._views(None, report.agent_id, detail=False)  # the lists were just sent
         return views[0]
+
+    def _record(
+        self,
+        conn: Connection,
+        report: AgentReport,
+        rows: list[dict[str, str]],
+        documents: Mapping[ProfileKey, SupportedLists],
+        now: float,
+    ) -> tuple[int, set[tuple[str, str]]]:
+        """Write the report: the new pool version and the agent's allocated devices when
+        it changed the agent, else (0, empty)."""
+        group, host, platform = report.resource_group, profile_key(report.host), report.platform
+        reported = {(r["device_name"], r["device_id"]): r["profile"] for r in rows}
+        before = conn.execute(
+            select(agents.c.resource_group, agents.c.host_profile, agents.c.platform).where(
+                agents.c.agent_id == report.agent_id
+            )
+        ).first()
+        known = {
+            (name, device_id): profile
+            for _, name, device_id, profile in conn.execute(
+                select(devices).where(devices.c.agent_id == report.agent_id)
+            )
+        }
+        changed = before is None or tuple(before) != (group, host, platform)
+        changed = changed or known != reported
+        if changed:
+            self._ensure_profiles(conn, documents)
+        upsert = self._insert(conn, agents).values(
+            agent_id=report.agent_id,
+            resource_group=group,
+            host_profile=host,
+            first_seen=now,
+            last_seen=now,
+            platform=platform,
+        )
+        conn.execute(
+            upsert.on_conflict_do_update(
+                index_elements=[agents.c.agent_id],
+                set_={
+                    "resource_group": upsert.excluded.resource_group,
+                    "host_profile": upsert.excluded.host_profile,
+                    "last_seen": upsert.excluded.last_seen,
+                    "platform": upsert.excluded.platform,
+                },
+            )
+        )
+        if not changed:
+            return 0, set()
+        conn.execute(delete(devices).where(devices.c.agent_id == report.agent_id))
+        if rows:
+            conn.execute(insert(devices), rows)
+        held = conn.execute(
+            select(allocations.c.device_name, allocations.c.device_id).where(
+                allocations.c.agent_id == report.agent_id
+            )
+        )
+        return _bump_pool_version(conn), {(name, device_id) for name, device_id in held}
+
+    def _apply_report(
+        self, version: int, report: AgentReport, held: set[tuple[str, str]], now: float
+    ) -> None:
+        """A report this process committed as pool ``version``, into the pools in memory
+        that were current just before it (the others are re-read on their next plan)."""
+        members = {
+            name: [(device_id, profile_key(lists)) for device_id, lists in ids.items()]
+            for name, ids in report.devices.items()
+        }
+        agent = report.agent_id
+        node = _node(agent, profile_key(report.host), members, report.platform, held)
+        for group, memory in self._pools.items():
+            if memory.pool_version != version - 1:
+                continue
+            if group is None or group == report.resource_group:
+                memory.pool.put(node, held)
+                memory.last_seen[agent] = now
+                heapq.heappush(memory.deadlines, (now, agent))
+            else:  # moved to another group, or never in this one
+                memory.pool.remove(agent)
+                memory.last_seen.pop(agent, None)
+            memory.pool_version = version
+
+    def _apply_allocations(self, version: int, keys: Sequence[DeviceKey], taken: bool) -> None:
+        """Devices this process allocated (or freed) as allocation ``version``, into the
+        pools in memory that were current just before it."""
+        for memory in self._pools.values():
+            if memory.allocation_version != version - 1:
+                continue
+            if taken:
+                memory.pool.allocate(keys)
+            else:
+                memory.pool.release(keys)
+            memory.allocation_version = version
 
     def _profile_documents(self, conn: Connection, keys: set[ProfileKey]) -> None:
         missing = sorted(keys - self._profiles.keys())
@@ -339,18 +449,24 @@ class Store:
 
     # ------------------------------------------------------------------ placements
 
-    def _pool_rows(self, conn: Connection, resource_group: str | None) -> _PoolRows:
-        """The pool's agents and devices: from memory while ``pool_version`` is unchanged."""
-        version = conn.execute(select(pool_version.c.version)).scalar_one()
-        cached = self._pools.get(resource_group)
-        if cached is not None and cached.version == version:
-            if self.agent_ttl > 0:  # heartbeats move last_seen without a new version
-                query = select(agents.c.agent_id, agents.c.last_seen)
-                if resource_group is not None:
-                    query = query.where(agents.c.resource_group == resource_group)
-                cached.last_seen.update({agent: seen for agent, seen in conn.execute(query)})
-            return cached
-        agent_rows, device_rows, _ = self._agent_rows(conn, resource_group, with_allocations=False)
+    def _synced(self, conn: Connection, resource_group: str | None) -> Pool:
+        """The pool of ``resource_group`` in memory, brought up to date (with ``_memory``
+        held): nothing read but two versions while no other process changed anything."""
+        pool_v, allocation_v = conn.execute(_VERSIONS).one()
+        memory = self._pools.get(resource_group)
+        if memory is None or memory.pool_version != pool_v:
+            memory = self._load(conn, resource_group, pool_v, allocation_v)
+        elif memory.allocation_version != allocation_v:
+            self._reload_allocations(conn, resource_group, memory, allocation_v)
+        if self.agent_ttl > 0:
+            self._check_heartbeats(conn, memory)
+        return memory.pool
+
+    def _load(
+        self, conn: Connection, resource_group: str | None, pool_v: int, allocation_v: int
+    ) -> _Memory:
+        """The whole pool of ``resource_group``, read afresh."""
+        agent_rows, device_rows, allocation_rows = self._agent_rows(conn, resource_group)
         # rows unpacked as tuples (columns in table order): named access costs ~5x more
         used = {host for _, _, host, _, _, _ in agent_rows}
         used |= {profile for _, _, _, profile in device_rows}
@@ -358,43 +474,90 @@ class Store:
         by_agent: dict[str, dict[str, list[tuple[str, ProfileKey]]]] = {}
         for agent, name, device, profile in device_rows:
             by_agent.setdefault(agent, {}).setdefault(name, []).append((device, profile))
-        fresh = _PoolRows(
-            version,
-            [(agent, host, platform) for agent, _, host, _, _, platform in agent_rows],
-            {agent: seen for agent, _, _, _, seen, _ in agent_rows},
-            by_agent,
-        )
+        held: dict[str, set[tuple[str, str]]] = {}
+        for agent, name, device, _ in allocation_rows:
+            held.setdefault(agent, set()).add((name, device))
+        nodes = [
+            _node(agent, host, by_agent.get(agent, {}), platform, held.get(agent, set()))
+            for agent, _, host, _, _, platform in agent_rows
+        ]
+        scope = f" in resource group {resource_group!r}" if resource_group is not None else ""
+        pool = Pool(nodes, self._profiles, {}, scope)
+        pool.allocate((agent, name, device) for agent, name, device, _ in allocation_rows)
+        last_seen = {agent: seen for agent, _, _, _, seen, _ in agent_rows}
+        memory = _Memory(pool, pool_v, allocation_v, last_seen)
+        if self.agent_ttl > 0:
+            memory.deadlines = [(seen, agent) for agent, seen in last_seen.items()]
+            heapq.heapify(memory.deadlines)
         if len(self._pools) >= _CACHED_POOLS:
             self._pools.clear()
-        self._pools[resource_group] = fresh
-        return fresh
+        self._pools[resource_group] = memory
+        return memory
+
+    def _allocation_query(self, resource_group: str | None) -> Any:
+        query = select(allocations.c.agent_id, allocations.c.device_name, allocations.c.device_id)
+        if resource_group is not None:
+            group = select(agents.c.agent_id).where(agents.c.resource_group == resource_group)
+            query = query.where(allocations.c.agent_id.in_(group))
+        return query
+
+    def _reload_allocations(
+        self, conn: Connection, resource_group: str | None, memory: _Memory, allocation_v: int
+    ) -> None:
+        """Another process placed or freed devices: read the allocations, apply the change."""
+        now = {(a, n, d) for a, n, d in conn.execute(self._allocation_query(resource_group))}
+        before = set(memory.pool.allocations())
+        memory.pool.release(before - now)
+        memory.pool.allocate(now - before)
+        memory.allocation_version = allocation_v
+
+    def _check_heartbeats(self, conn: Connection, memory: _Memory) -> None:
+        """Leave out the agents past the TTL and bring back those heard from again, reading
+        only the heartbeats of agents that seem past it by what this process knows (the
+        heartbeats it recorded itself, and what it read before) and of those left out."""
+        now, pool, ttl = self.clock(), memory.pool, self.agent_ttl
+        seen, deadlines, heard = memory.last_seen, memory.deadlines, memory.heard
+        changed: set[str] = set()
+        while heard:
+            agent, at = heard.popleft()
+            if agent in pool and at > seen.get(agent, 0.0):
+                seen[agent] = at
+                heapq.heappush(deadlines, (at, agent))
+                changed.add(agent)
+        due: list[str] = []
+        while deadlines and now - deadlines[0][0] > ttl:
+            at, agent = heapq.heappop(deadlines)
+            if seen.get(agent) == at and agent in pool:
+                due.append(agent)
+        left_out = [agent for agent in pool.unavailable if agent in pool]
+        seen.update(self._last_seen(conn, [*due, *left_out]))
+        for agent in due:
+            if self._alive(seen[agent], now):
+                heapq.heappush(deadlines, (seen[agent], agent))
+        for agent in {*due, *left_out, *changed}:
+            last_seen = seen[agent]
+            if self._alive(last_seen, now):
+                if agent in pool.unavailable:
+                    pool.unpark(agent)
+                    heapq.heappush(deadlines, (last_seen, agent))
+            else:
+                pool.park(agent, f"no heartbeat for {int(now - last_seen)} s (agent TTL {ttl:g} s)")
+
+    def _last_seen(self, conn: Connection, ids: Sequence[str]) -> dict[str, float]:
+        query = select(agents.c.agent_id, agents.c.last_seen)
+        found: dict[str, float] = {}
+        for start in range(0, len(ids), _IN_BATCH):
+            batch = ids[start : start + _IN_BATCH]
+            found.update(
+                {a: at for a, at in conn.execute(query.where(agents.c.agent_id.in_(batch)))}
+            )
+        return found
 
     def snapshot(self, resource_group: str | None = None) -> Pool:
-        """Live agents (of ``resource_group``), their devices, which are free, their lists."""
-        with self._read("reading the pool") as conn:
-            rows = self._pool_rows(conn, resource_group)
-            query = select(
-                allocations.c.agent_id, allocations.c.device_name, allocations.c.device_id
-            )
-            if resource_group is not None:
-                group = select(agents.c.agent_id).where(agents.c.resource_group == resource_group)
-                query = query.where(allocations.c.agent_id.in_(group))
-            taken = {tuple(row) for row in conn.execute(query)}
-        now = self.clock()
-        nodes, left_out = [], {}
-        for agent, host, platform in rows.agents:
-            last_seen = rows.last_seen.get(agent, 0.0)
-            if not self._alive(last_seen, now):
-                age, ttl = int(now - last_seen), self.agent_ttl
-                left_out[agent] = f"no heartbeat for {age} s (agent TTL {ttl:g} s)"
-                continue
-            devices_of = {
-                name: [Device(d, p, (agent, name, d) not in taken) for d, p in members]
-                for name, members in rows.devices.get(agent, {}).items()
-            }
-            nodes.append(Node(agent, host, devices_of, platform))
-        scope = f" in resource group {resource_group!r}" if resource_group is not None else ""
-        return Pool(nodes, self._profiles, left_out, scope)
+        """Live agents (of ``resource_group``), their devices, which are free, their lists:
+        a copy of the pool in memory, that later changes leave alone."""
+        with self._read("reading the pool") as conn, self._memory:
+            return self._synced(conn, resource_group).copy()
 
     def place(
         self,
@@ -403,18 +566,18 @@ class Store:
         image_of: Callable[[Candidate], str],
         owner: str = "anonymous",
     ) -> dict[str, Any] | Refusal:
-        """Plan on a fresh snapshot and commit; on a conflict, plan again (all or nothing)."""
+        """Plan on the pool in memory and commit; on a conflict, plan again (all or nothing)."""
         label = "?"
         for attempt in range(self.attempts):
             with self._placing:
-                pool = self.snapshot(request.resource_group)
-                outcome = plan(
-                    index,
-                    pool,
-                    request.nodes,
-                    request.devices_per_node,
-                    device_name=request.device_name,
-                )
+                with self._read("reading the pool") as conn, self._memory:
+                    outcome = plan(
+                        index,
+                        self._synced(conn, request.resource_group),
+                        request.nodes,
+                        request.devices_per_node,
+                        device_name=request.device_name,
+                    )
                 if isinstance(outcome, Refusal):
                     return outcome
                 document = self._document(outcome, request, image_of, owner)
@@ -492,28 +655,32 @@ class Store:
             for d in a.devices
         )
         try:
-            with self._write("recording a placement") as conn:
-                self._check(conn, chosen)
-                conn.execute(
-                    insert(placements).values(
-                        id=document["id"],
-                        created_at=self.clock(),
-                        document=json.dumps(document),
-                    )
-                )
-                if keys:  # in key order, so that racing inserts cannot deadlock
+            with contextlib.ExitStack() as applying:
+                with self._write("recording a placement") as conn:
+                    self._check(conn, chosen)
                     conn.execute(
-                        insert(allocations),
-                        [
-                            {
-                                "agent_id": agent_id,
-                                "device_name": name,
-                                "device_id": device_id,
-                                "placement_id": document["id"],
-                            }
-                            for agent_id, name, device_id in keys
-                        ],
+                        insert(placements).values(
+                            id=document["id"],
+                            created_at=self.clock(),
+                            document=json.dumps(document),
+                        )
                     )
+                    if keys:  # in key order, so that racing inserts cannot deadlock
+                        conn.execute(
+                            insert(allocations),
+                            [
+                                {
+                                    "agent_id": agent_id,
+                                    "device_name": name,
+                                    "device_id": device_id,
+                                    "placement_id": document["id"],
+                                }
+                                for agent_id, name, device_id in keys
+                            ],
+                        )
+                    version = _bump(conn, allocation_version)  # last: the row stays locked
+                    applying.enter_context(self._memory)
+                self._apply_allocations(version, keys, taken=True)
         except (_Stale, sa_exc.IntegrityError):
             return False
         except sa_exc.OperationalError as error:
@@ -540,30 +707,54 @@ class Store:
         """Drain and deregister: delete every placement holding one of the agent's devices
         (freeing all their devices), then the agent and its devices. Returns the deleted
         placements' ids; ``None`` when there is no such agent."""
-        with self._write(f"deleting agent {agent_id}") as conn:
-            exists = conn.execute(
-                select(agents.c.agent_id).where(agents.c.agent_id == agent_id)
-            ).first()
-            if exists is None:
-                return None
-            held = sorted(
-                set(
-                    conn.execute(
-                        select(allocations.c.placement_id).where(allocations.c.agent_id == agent_id)
-                    ).scalars()
+        with contextlib.ExitStack() as applying:
+            with self._write(f"deleting agent {agent_id}") as conn:
+                exists = conn.execute(
+                    select(agents.c.agent_id).where(agents.c.agent_id == agent_id)
+                ).first()
+                if exists is None:
+                    return None
+                held = sorted(
+                    set(
+                        conn.execute(
+                            select(allocations.c.placement_id).where(
+                                allocations.c.agent_id == agent_id
+                            )
+                        ).scalars()
+                    )
                 )
-            )
-            if held:
-                conn.execute(delete(allocations).where(allocations.c.placement_id.in_(held)))
-                conn.execute(delete(placements).where(placements.c.id.in_(held)))
-            conn.execute(delete(devices).where(devices.c.agent_id == agent_id))
-            conn.execute(delete(agents).where(agents.c.agent_id == agent_id))
-            _bump_pool_version(conn)
+                freed: list[DeviceKey] = []
+                if held:
+                    freed = self._freed(conn, allocations.c.placement_id.in_(held))
+                    conn.execute(delete(allocations).where(allocations.c.placement_id.in_(held)))
+                    conn.execute(delete(placements).where(placements.c.id.in_(held)))
+                conn.execute(delete(devices).where(devices.c.agent_id == agent_id))
+                conn.execute(delete(agents).where(agents.c.agent_id == agent_id))
+                pool_v = _bump_pool_version(conn)
+                allocation_v = _bump(conn, allocation_version)
+                applying.enter_context(self._memory)
+            self._apply_allocations(allocation_v, freed, taken=False)
+            for memory in self._pools.values():
+                if memory.pool_version == pool_v - 1:
+                    memory.pool.remove(agent_id)
+                    memory.last_seen.pop(agent_id, None)
+                    memory.pool_version = pool_v
         return held
+
+    def _freed(self, conn: Connection, which: Any) -> list[DeviceKey]:
+        query = select(allocations.c.agent_id, allocations.c.device_name, allocations.c.device_id)
+        return [(a, n, d) for a, n, d in conn.execute(query.where(which))]
 
     def delete_placement(self, placement_id: str) -> bool:
         """Free the placement's devices; False when there is no such placement."""
-        with self._write(f"deleting placement {placement_id}") as conn:
-            conn.execute(delete(allocations).where(allocations.c.placement_id == placement_id))
-            result = conn.execute(delete(placements).where(placements.c.id == placement_id))
-            return bool(result.rowcount)
+        with contextlib.ExitStack() as applying:
+            with self._write(f"deleting placement {placement_id}") as conn:
+                freed = self._freed(conn, allocations.c.placement_id == placement_id)
+                conn.execute(delete(allocations).where(allocations.c.placement_id == placement_id))
+                result = conn.execute(delete(placements).where(placements.c.id == placement_id))
+                if not result.rowcount:
+                    return False
+                version = _bump(conn, allocation_version)
+                applying.enter_context(self._memory)
+            self._apply_allocations(version, freed, taken=False)
+        return True
