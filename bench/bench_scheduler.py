@@ -8,19 +8,32 @@
    variantlib also reads the metadata of every installed distribution
    (``inject_abi_dependency``), which dominates its time and grows with the environment, so
    it is timed a second time with that step stubbed out: the ordering alone.
-2. ``variant-scheduler serve`` on SQLite in its own process: heartbeats/s, placements/s
+2. A gang of 64 nodes x 8 GPUs at 1k, 10k and 50k agents: ``plan()`` on the indexed pool,
+   the former planner that scanned every node (``tests/scheduler_reference.py``) as the
+   baseline (giving the same plan), a whole ``Store.place`` on SQLite (versions read, plan on
+   the pool in memory, the commit of 512 allocations, the pool in memory updated; freed
+   again, untimed, after each run), the same with an agent TTL, and ``plan()`` refusing 9
+   GPUs a node (every variant explained). Each figure is the median of ``--runs`` (at least
+   7) after 5 warm-up runs, with ``gc.collect()`` before every timed run; the growth from 10k
+   to 50k agents is printed next to the aim (at most 50 ms at 50k agents, at most 2x).
+3. ``variant-scheduler serve`` on SQLite in its own process: heartbeats/s, placements/s
    (one client, then 8 concurrent clients) and deletes/s, next to ``GET /healthz``
    (one ``SELECT 1``) as the floor of a request.
 
 Run: .venv/bin/python bench/bench_scheduler.py [--agents 10000] [--sample 300]
+     [--gang-agents 1000,10000,50000] [--runs 9] [--only gang]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib.metadata
+import json
 import random
+import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -29,14 +42,26 @@ from typing import Any
 from unittest import mock
 
 import httpx
+from sqlalchemy import insert
 from variantlib.resolver import lib as resolver_lib
 
 from baseline import variantlib_order
 from docker_variant import devstack
 from docker_variant.providers.nvidia import nvidia_features
-from docker_variant.scheduler.documents import AgentReport
-from docker_variant.scheduler.placement import Judge, Plan, Pool, build_pool, plan
+from docker_variant.scheduler import Store
+from docker_variant.scheduler.documents import AgentReport, PlacementRequest
+from docker_variant.scheduler.models import agents as agent_table
+from docker_variant.scheduler.models import devices as device_table
+from docker_variant.scheduler.models import profiles as profile_table
+from docker_variant.scheduler.placement import Judge, Plan, Pool, build_pool, plan, profile_key
 from docker_variant.variant import Variant, VariantIndex
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from scheduler_reference import reference_plan  # the former planner
+
+GANG_NODES, GANG_DEVICES = 64, 8
+AIM_MS, AIM_GROWTH = 50.0, 2.0
+WARM_UP = 5  # untimed calls first: the first store of a process needs a few to settle
 
 # (CUDA of the driver, compute capability): H200 R570/R580, A100 R535, B200 R580, L4, H100 R550
 KINDS = [((12, 8), (9, 0)), ((13, 0), (9, 0)), ((12, 2), (8, 0)), ((13, 0), (10, 0))]
@@ -132,14 +157,141 @@ def matching(agents: int, sample: int) -> None:
             f"    ratio ours / it                     {t_ours / total:10.6f}  (x{total / t_ours:,.0f})"
         )
 
-    for nodes in (1, 64):
+
+# --------------------------------------------------------------------------- gangs
+
+
+def median_ms(call: Callable[[], object], runs: int, after: Callable[[], object] = list) -> float:
+    """The median of ``runs`` timed calls after ``WARM_UP`` untimed ones, with ``gc.collect()``
+    before each one (so that no run pays for another's garbage); ``after`` runs untimed."""
+    for _ in range(WARM_UP):
+        call()
+        after()
+    times = []
+    for _ in range(runs):
+        gc.collect()
         started = time.perf_counter()
-        outcome = plan(index, pool, nodes, 8)
-        t_plan = time.perf_counter() - started
-        assert isinstance(outcome, Plan)
-        label = outcome.candidate.label
+        call()
+        times.append(time.perf_counter() - started)
+        after()
+    return statistics.median(times) * 1e3
+
+
+def filled_store(root: Path, reports: list[AgentReport]) -> Store:
+    """A store on SQLite holding ``reports``, written in bulk (as if every agent had sent
+    its first heartbeat); its pool is read into memory by the first placement."""
+    store = Store.open(f"sqlite:///{root / 'bench.db'}")
+    documents: dict[str, Any] = {}
+    agents, devices = [], []
+    now = time.time()
+    for r in reports:
+        host = profile_key(r.host)
+        documents[host] = r.host
+        agents.append(
+            {
+                "agent_id": r.agent_id,
+                "resource_group": r.resource_group,
+                "host_profile": host,
+                "first_seen": now,
+                "last_seen": now,
+                "platform": r.platform,
+            }
+        )
+        for name, members in r.devices.items():
+            for device_id, lists in members.items():
+                key = profile_key(lists)
+                documents[key] = lists
+                devices.append(
+                    {
+                        "agent_id": r.agent_id,
+                        "device_name": name,
+                        "device_id": device_id,
+                        "profile": key,
+                    }
+                )
+    with store.engine.begin() as conn:
+        rows = [{"id": key, "lists": json.dumps(lists)} for key, lists in documents.items()]
+        conn.execute(insert(profile_table), rows)
+        conn.execute(insert(agent_table), agents)
+        conn.execute(insert(device_table), devices)
+    return store
+
+
+def gang(agents: int, runs: int, scan: bool) -> tuple[float, float]:
+    """One pool size: prints its row; (plan() ms, Store.place ms)."""
+    index = make_index()
+    request = PlacementRequest(GANG_NODES, GANG_DEVICES, index=index)
+    reports = make_reports(agents)
+    pool = build_pool(reports)
+    outcome = plan(index, pool, GANG_NODES, GANG_DEVICES)
+    assert isinstance(outcome, Plan) and len(outcome.allocations) == GANG_NODES
+    t_plan = median_ms(lambda: plan(index, pool, GANG_NODES, GANG_DEVICES), runs)
+    too_big = GANG_DEVICES + 1  # no node has 9 GPUs: a refusal, every variant explained
+    t_refused = median_ms(lambda: plan(index, pool, GANG_NODES, too_big), runs)
+    t_scan = float("nan")
+    if scan:
+        assert reference_plan(index, pool, GANG_NODES, GANG_DEVICES) == outcome
+        t_scan = median_ms(lambda: reference_plan(index, pool, GANG_NODES, GANG_DEVICES), runs)
+    signatures = sum(1 for _ in pool.buckets())
+    with tempfile.TemporaryDirectory(prefix="dv-bench-") as tmp:
+        store = filled_store(Path(tmp), reports)
+        try:
+            t_place = placements(store, request, runs)
+        finally:
+            store.close()
+        # the same database, served with an agent TTL (no heartbeat arrives meanwhile)
+        store = Store.open(f"sqlite:///{Path(tmp) / 'bench.db'}", agent_ttl=600)
+        try:
+            t_ttl = placements(store, request, runs)
+        finally:
+            store.close()
+    print(
+        f"  {agents:>7,} {t_plan:7.1f} ms {t_scan:11.1f} ms {t_place:9.1f} ms {t_ttl:9.1f} ms "
+        f"{t_refused:6.1f} ms {signatures:>10}"
+    )
+    return t_plan, t_place
+
+
+def placements(store: Store, request: PlacementRequest, runs: int) -> float:
+    """The median ``Store.place`` of ``request``, freed again (untimed) after each run."""
+    made: list[str] = []
+    index = request.index
+    assert index is not None
+
+    def place() -> None:
+        document = store.place(index, request, lambda c: c.tag)
+        assert isinstance(document, dict), document
+        made.append(document["id"])
+
+    def free() -> None:
+        assert store.delete_placement(made.pop())
+
+    return median_ms(place, runs, free)
+
+
+def gangs(sizes: list[int], runs: int, scan: bool) -> None:
+    print(
+        f"a gang of {GANG_NODES} nodes x {GANG_DEVICES} GPUs, 30 variants; median of {runs} "
+        f"runs after {WARM_UP} warm-up runs, gc.collect() before each"
+    )
+    print(
+        f"  {'agents':>7} {'plan()':>9} {'scan (before)':>14} {'Store.place':>12} "
+        f"{'with TTL':>12} {'refusal':>9} {'signatures':>10}"
+    )
+    figures = {agents: gang(agents, runs, scan) for agents in sizes}
+    if 10_000 in figures and 50_000 in figures:
+        (plan_10k, place_10k), (plan_50k, place_50k) = figures[10_000], figures[50_000]
+        growth = plan_50k / plan_10k
+        met = plan_50k <= AIM_MS and growth <= AIM_GROWTH
         print(
-            f"  whole plan(), {nodes:>2} node(s) x 8 devices     {t_plan * 1e3:10.1f} ms  -> {label}"
+            f"  growth 10k -> 50k agents: plan() x{growth:.2f}, Store.place "
+            f"x{place_50k / place_10k:.2f}"
+        )
+        print(
+            f"  aim (plan() <= {AIM_MS:g} ms at 50k agents, growth <= {AIM_GROWTH:g}x): "
+            f"{'met' if met else 'NOT met'} ({plan_50k:.1f} ms, x{growth:.2f}); "
+            f"Store.place {place_50k:.1f} ms at 50k "
+            f"({'within' if place_50k <= AIM_MS else 'over'} {AIM_MS:g} ms)"
         )
 
 
@@ -216,9 +368,22 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=300, help="devices timed with variantlib")
     parser.add_argument("--http-agents", type=int, default=500, help="agents behind the API")
     parser.add_argument("--placements", type=int, default=400, help="per client setting")
+    parser.add_argument(
+        "--gang-agents", default="1000,10000,50000", help="pool sizes for the gang, comma-separated"
+    )
+    parser.add_argument("--runs", type=int, default=9, help="timed runs per gang figure (>= 7)")
+    parser.add_argument("--no-scan", action="store_true", help="skip the former planner")
+    parser.add_argument("--only", choices=["matching", "gang", "serving"], help="one part")
     args: Any = parser.parse_args()
-    matching(args.agents, args.sample)
-    serving(args.http_agents, args.placements)
+    if args.runs < 7:
+        parser.error("--runs: at least 7")
+    if args.only in (None, "matching"):
+        matching(args.agents, args.sample)
+    if args.only in (None, "gang"):
+        sizes = [int(n) for n in args.gang_agents.split(",")]
+        gangs(sizes, args.runs, not args.no_scan)
+    if args.only in (None, "serving"):
+        serving(args.http_agents, args.placements)
 
 
 if __name__ == "__main__":
