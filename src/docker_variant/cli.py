@@ -719,7 +719,10 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(2)
     except DockerVariantError as exc:
-        sys.stderr.write(f"docker-variant: {exc}\n")
+        # a value quoted in a message may hold a newline (a fuzzed index key did): escape it,
+        # so that the message stays one line and still shows the value as it is
+        message = str(exc).replace("\r", "\\r").replace("\n", "\\n")
+        sys.stderr.write(f"docker-variant: {message}\n")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("docker-variant: interrupted\n")
