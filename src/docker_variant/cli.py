@@ -6,6 +6,7 @@ Exit codes: 0 done; 1 no compatible variant; 2 bad input; 3 registry or engine u
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from dataclasses import dataclass, field
@@ -14,11 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import click
 import typer
-from rich.console import Console
 
 from docker_variant.errors import DockerVariantError, InvalidInputError
-from docker_variant.k8s.claim import DEFAULT_DEVICE_CLASS, MAX_COUNT
-from docker_variant.providers import HostReport, detect_host
 from docker_variant.render import host_table, published_table, selection_json, selection_table
 from docker_variant.variant import (
     Candidate,
@@ -29,10 +27,14 @@ from docker_variant.variant import (
     select,
 )
 
-if (
-    TYPE_CHECKING
-):  # the oci package pulls in httpx: only the commands that talk to registries load it
-    from docker_variant.oci.reference import Reference
+# Each command imports what only it uses, in its body: a `docker variant` call starts this
+# process twice, and `resolve --index` should cost little more than variantlib's own import.
+# tests/test_cli_cost.py checks which modules a command loads.
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from docker_variant.oci.reference import Reference  # the oci package pulls in httpx
+    from docker_variant.providers import HostReport
 
 app = typer.Typer(
     name="docker-variant",
@@ -41,8 +43,22 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-console = Console(soft_wrap=True)
-err_console = Console(stderr=True, soft_wrap=True)
+
+
+@functools.cache
+def stdout_console() -> Console:
+    """rich's console for tables, made on first use (rich.console costs ~15 ms to import)."""
+    from rich.console import Console
+
+    return Console(soft_wrap=True)
+
+
+@functools.cache
+def stderr_console() -> Console:
+    """rich's console for progress bars and the tables that go with errors."""
+    from rich.console import Console
+
+    return Console(stderr=True, soft_wrap=True)
 
 
 @dataclass
@@ -54,6 +70,8 @@ class Options:
     enable_provider: list[str] = field(default_factory=list)
 
     def host(self, refresh: bool = False) -> HostReport:
+        from docker_variant.providers import detect_host
+
         return detect_host(self.providers_file, self.enable_provider, use_cache=not refresh)
 
 
@@ -129,12 +147,12 @@ def providers(
     if opts.json:
         _emit_json(report.to_json() if devices else report.host)
         return
-    console.print(host_table(report.host))
+    stdout_console().print(host_table(report.host))
     if devices:
         for kind, by_id in report.devices.items():
             for device_id, lists in by_id.items():
-                console.print(f"\n[bold]{kind} device {device_id}[/]")
-                console.print(host_table(lists))
+                stdout_console().print(f"\n[bold]{kind} device {device_id}[/]")
+                stdout_console().print(host_table(lists))
 
 
 @app.command()
@@ -237,7 +255,7 @@ def ls_(
     if opts.json:
         _emit_json(selection_json(selection, str(target.reference) if target.reference else None))
     else:
-        console.print(selection_table(selection, f"Variants of {target.describe()}"))
+        stdout_console().print(selection_table(selection, f"Variants of {target.describe()}"))
 
 
 @app.command()
@@ -308,13 +326,13 @@ def pull(
         best = selection.best
         if best is None:
             if not opts.json:
-                err_console.print(selection_table(selection, f"Variants of {reference}"))
+                stderr_console().print(selection_table(selection, f"Variants of {reference}"))
             _report_no_match(selection, target)
             raise typer.Exit(1)
         message = _chosen_message(best, reference)
         result = None
         if engine is not None:
-            with LayerProgress("pull", console=err_console, enabled=not opts.json) as progress:
+            with LayerProgress("pull", console=stderr_console(), enabled=not opts.json) as progress:
                 result = pull_candidate(engine, reference, best, progress)
     finally:
         if engine is not None:
@@ -350,7 +368,7 @@ def push(
     opts = _options(ctx, json_)
     with (
         Engine() as engine,
-        LayerProgress("push", console=err_console, enabled=not opts.json) as progress,
+        LayerProgress("push", console=stderr_console(), enabled=not opts.json) as progress,
     ):
         reference, variant = push_image(engine, ref, progress)
     label = variant.label if variant else None
@@ -400,7 +418,7 @@ def publish(
             }
         )
         return
-    console.print(published_table(published.entries, f"Variant image index of {ref}"))
+    stdout_console().print(published_table(published.entries, f"Variant image index of {ref}"))
     state = "published" if published.changed else "already published (unchanged)"
     sys.stdout.write(
         f"{published.reference}: variant image index {state}, {published.digest}, "
@@ -443,7 +461,7 @@ def build(
     pushed: set[str] = set()
     with Engine() as engine:
         engine.ping()
-        with BuildProgress(names, console=err_console, enabled=not opts.json) as progress:
+        with BuildProgress(names, console=stderr_console(), enabled=not opts.json) as progress:
             built = build_matrix(
                 engine,
                 matrix,
@@ -455,7 +473,9 @@ def build(
                 progress.done(str(image.reference.tag), "built")
         if push_ or publish_:
             for image in built:
-                with LayerProgress("push", console=err_console, enabled=not opts.json) as layers:
+                with LayerProgress(
+                    "push", console=stderr_console(), enabled=not opts.json
+                ) as layers:
                     push_image(engine, str(image.reference), layers)
                 pushed.add(str(image.reference))
     published = publish_index(reference) if publish_ else None
@@ -489,7 +509,7 @@ def build(
             str(row["image_id"])[7:19],
             "yes" if row["pushed"] else "no",
         )
-    console.print(table)
+    stdout_console().print(table)
     if published is not None:
         sys.stdout.write(
             f"{published.reference}: variant image index published, {published.digest}, "
@@ -537,6 +557,11 @@ def install_plugin(
 
 # --------------------------------------------------------------------------- k8s (SPEC 9)
 
+# k8s.claim's DEFAULT_DEVICE_CLASS and MAX_COUNT, written out so that building the command
+# line does not import the k8s package (20 to 45 ms); tests/test_cli_cost.py checks they agree.
+K8S_DEFAULT_DEVICE_CLASS = "gpu.nvidia.com"
+K8S_MAX_COUNT = 32
+
 k8s_app = typer.Typer(
     name="k8s",
     help="Kubernetes: a DRA ResourceClaimTemplate, node labels, a containerd hosts.toml.",
@@ -573,7 +598,7 @@ def k8s_claim(
     index: IndexOpt = None,
     count: Annotated[
         int,
-        typer.Option("--count", min=1, max=MAX_COUNT, help="Devices per claim (all alike)."),
+        typer.Option("--count", min=1, max=K8S_MAX_COUNT, help="Devices per claim (all alike)."),
     ] = 1,
     name: Annotated[
         str | None,
@@ -581,7 +606,7 @@ def k8s_claim(
     ] = None,
     device_class: Annotated[
         str, typer.Option("--device-class", help="DeviceClass of every subrequest.")
-    ] = DEFAULT_DEVICE_CLASS,
+    ] = K8S_DEFAULT_DEVICE_CLASS,
     json_: JsonOpt = False,
 ) -> None:
     """Print a resource.k8s.io/v1 ResourceClaimTemplate asking for devices that fit a variant,

@@ -1,16 +1,20 @@
-"""Human and JSON renderings of selections and host lists, shared by CLI commands."""
+"""Human and JSON renderings of selections and host lists, shared by CLI commands.
+
+rich is imported by the table functions only: ``--json`` output and plain ``resolve`` never
+need it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from rich.table import Table
-
 from docker_variant.variant import Candidate, Selection, SupportedLists, Variant
 
-if TYPE_CHECKING:  # the oci package pulls in httpx
-    from docker_variant.oci.imageindex import IndexEntry
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from docker_variant.oci.imageindex import IndexEntry  # the oci package pulls in httpx
 
 __all__ = [
     "candidate_json",
@@ -56,6 +60,8 @@ def selection_json(selection: Selection, reference: str | None) -> dict[str, Any
 
 
 def selection_table(selection: Selection, title: str) -> Table:
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left")
     for column in ("rank", "label", "tag", "fits", "properties / reason"):
         table.add_column(column, overflow="fold")
@@ -74,6 +80,8 @@ def selection_table(selection: Selection, title: str) -> Table:
 def published_table(entries: Sequence[IndexEntry], title: str) -> Table:
     """A variant image index's entries in index order; each platform's first entry is what
     variant-unaware clients get."""
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left")
     for column in ("platform", "label", "tag", "digest", "variant-unaware clients"):
         table.add_column(column, overflow="fold")
@@ -93,6 +101,8 @@ def published_table(entries: Sequence[IndexEntry], title: str) -> Table:
 
 
 def host_table(host: SupportedLists, limit: int = 8) -> Table:
+    from rich.table import Table
+
     table = Table(title="Supported properties (most preferred first)", title_justify="left")
     for column in ("namespace", "feature", "values"):
         table.add_column(column, overflow="fold")
