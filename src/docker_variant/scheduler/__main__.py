@@ -19,6 +19,7 @@ from sqlalchemy import exc as sa_exc
 from docker_variant import __version__
 from docker_variant.errors import InvalidInputError, one_line
 from docker_variant.oci.reference import check_registry
+from docker_variant.scheduler.agent import add_agent_command, run_agent_command
 from docker_variant.scheduler.app import create_app
 from docker_variant.scheduler.database import DEFAULT_DB_URL, DatabaseUnavailableError
 from docker_variant.scheduler.store import Store
@@ -91,12 +92,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level", choices=LOG_LEVELS, default="info", help="default %(default)s"
     )
+    add_agent_command(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "agent":
+        return run_agent_command(args, parser.error)
     try:
         host, port = parse_listen(args.listen)
         tls = tls_options(args)

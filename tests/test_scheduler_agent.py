@@ -1,0 +1,454 @@
+"""``variant-scheduler agent``: NVML health, providers files, timing, bad input, end to end.
+
+NVML is tests/fakenvml/pynvml.py answering from machine fixtures shaped as
+tests/fixtures/nvidia/*.json, with the real nvidia-ml-py error classes. End to end, the agent
+and the scheduler are real processes on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+import pytest
+
+from docker_variant import devstack
+from docker_variant.errors import InvalidInputError
+from docker_variant.scheduler.__main__ import main
+from docker_variant.scheduler.agent import (
+    MAX_BACKOFF_S,
+    Agent,
+    AgentSettings,
+    backoff_delay,
+    check_scheduler_url,
+    jittered,
+    nvml_health,
+    read_agent_providers_file,
+)
+from test_scheduler_support import H200_R580, INDEX, X86_V3, gpu_lists
+
+TESTS = Path(__file__).parent
+FAKE_NVML_DIR = TESTS / "fakenvml"
+MACHINES = TESTS / "fixtures" / "nvidia"
+SRC = TESTS.parent / "src"
+
+
+# --------------------------------------------------------------------------- NVML fixtures
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    import pynvml  # noqa: F401  (the fake takes its error classes from the real module)
+
+    spec = importlib.util.spec_from_file_location("fake_pynvml", FAKE_NVML_DIR / "pynvml.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.delenv("FAKE_NVML_MACHINE", raising=False)
+    return module
+
+
+def healthy_machine(name: str = "h100-r570") -> dict[str, Any]:
+    """A fixture machine with the health calls answered as on a healthy data-centre GPU."""
+    machine: dict[str, Any] = json.loads((MACHINES / f"{name}.json").read_text())
+    for device in machine["devices"]:
+        device["nvmlDeviceGetTotalEccErrors"] = 0
+        device["nvmlDeviceGetRetiredPagesPendingStatus"] = 0  # NVML_FEATURE_DISABLED
+    return machine
+
+
+def write_machine(path: Path, machine: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(machine, indent=2))
+    return path
+
+
+def uuids(machine: dict[str, Any]) -> list[str]:
+    return [d["nvmlDeviceGetUUID"] for d in machine["devices"]]
+
+
+def use(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, machine: dict[str, Any]) -> None:
+    monkeypatch.setenv("FAKE_NVML_MACHINE", str(write_machine(tmp_path / "m.json", machine)))
+
+
+def test_the_fake_raises_the_real_nvml_error_classes(fake_nvml: ModuleType) -> None:
+    import pynvml
+
+    error = fake_nvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+    assert type(error).__name__ == "NVMLError_GpuIsLost" and str(error) == "GPU is lost"
+    assert isinstance(error, pynvml.NVMLError)
+    with pytest.raises(pynvml.NVMLError_LibraryNotFound):
+        fake_nvml.nvmlInit()  # no machine: as without a driver
+
+
+def test_a_healthy_machine_has_no_verdicts(
+    fake_nvml: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    machine = healthy_machine()
+    use(monkeypatch, tmp_path, machine)
+    assert len(uuids(machine)) >= 2
+    assert nvml_health(uuids(machine), fake_nvml, known=uuids(machine)) == {}
+
+
+def test_uncorrectable_ecc_errors_and_pending_retired_pages_are_unhealthy(
+    fake_nvml: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    machine = healthy_machine()
+    first, second = uuids(machine)[:2]
+    machine["devices"][0]["nvmlDeviceGetTotalEccErrors"] = 3
+    machine["devices"][1]["nvmlDeviceGetRetiredPagesPendingStatus"] = 1  # FEATURE_ENABLED
+    use(monkeypatch, tmp_path, machine)
+    assert nvml_health(uuids(machine), fake_nvml) == {
+        first: "3 uncorrectable ECC errors since the driver loaded",
+        second: "retired pages pending (the GPU needs a reset)",
+    }
+
+
+def test_a_lost_gpu_stopped_answering(
+    fake_nvml: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    machine = healthy_machine()
+    lost, other = uuids(machine)[:2]
+    machine["devices"][0]["nvmlError"] = "NVML_ERROR_GPU_IS_LOST"
+    machine["devices"][1]["nvmlDeviceGetRetiredPagesPendingStatus"] = {
+        "nvmlError": "NVML_ERROR_UNKNOWN"
+    }
+    use(monkeypatch, tmp_path, machine)
+    assert nvml_health([lost, other], fake_nvml) == {
+        lost: "stopped answering (NVML: GPU is lost)",
+        other: "stopped answering (NVML: Unknown Error)",
+    }
+
+
+def test_not_supported_says_nothing_about_health(
+    fake_nvml: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A GeForce card has no ECC and no page retirement: both calls answer "Not Supported".
+    machine = healthy_machine("rtx5090-r570")
+    for device in machine["devices"]:
+        device["nvmlDeviceGetTotalEccErrors"] = {"nvmlError": "NVML_ERROR_NOT_SUPPORTED"}
+        device["nvmlDeviceGetRetiredPagesPendingStatus"] = {"nvmlError": "NVML_ERROR_NOT_SUPPORTED"}
+    use(monkeypatch, tmp_path, machine)
+    assert nvml_health(uuids(machine), fake_nvml) == {}
+
+
+def test_a_vanished_gpu_is_unhealthy_only_if_nvml_knew_it(
+    fake_nvml: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    use(monkeypatch, tmp_path, healthy_machine())
+    gone = "GPU-00000000-1111-2222-3333-444444444444"
+    assert nvml_health([gone], fake_nvml) == {}  # e.g. an id from a providers file
+    assert nvml_health([gone], fake_nvml, known=[gone]) == {
+        gone: "stopped answering (NVML: Not Found)"
+    }
+
+
+def test_without_a_driver_nothing_is_judged(fake_nvml: ModuleType) -> None:
+    assert nvml_health(["GPU-1"], fake_nvml, known=["GPU-1"]) == {}
+
+
+def test_the_agent_keeps_a_gpu_that_vanished_and_marks_it(
+    fake_nvml: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Detection through NVML (no providers file): the first report lists both GPUs; when
+    one falls off the bus it stays in the report, with its lists, marked unhealthy."""
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)  # what the nvidia provider imports
+    machine = healthy_machine()
+    use(monkeypatch, tmp_path, machine)
+    agent = Agent(AgentSettings("http://127.0.0.1:9", "node"), nvml=fake_nvml)
+    first = agent.report()
+    assert sorted(first["devices"]["nvidia"]) == sorted(uuids(machine))
+    assert "unhealthy" not in first and first["platform"].startswith("linux/")
+    lost = copy.deepcopy(machine)
+    del lost["devices"][1]
+    lost["nvmlDeviceGetCount"] = len(lost["devices"])
+    use(monkeypatch, tmp_path, lost)
+    second = agent.report()
+    assert second["devices"] == first["devices"]
+    assert second["unhealthy"] == {"nvidia": [uuids(machine)[1]]}
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def test_providers_file_shapes(tmp_path: Path) -> None:
+    lists = tmp_path / "lists.json"
+    # a namespace may be called "host": SPEC 4 lists still, since it holds value lists
+    lists.write_text(json.dumps({"host": {"kind": ["a"]}, **X86_V3}))
+    assert read_agent_providers_file(lists).report.devices == {}
+    report = tmp_path / "report.json"
+    body = {
+        "host": X86_V3,
+        "devices": {"cuda": {"GPU-0": gpu_lists(H200_R580), "GPU-1": gpu_lists(H200_R580)}},
+        "capacity": {"cuda": {"GPU-1": 0.5}},
+    }
+    report.write_text(json.dumps(body))
+    read = read_agent_providers_file(report)
+    assert read.report.host == X86_V3 and sorted(read.report.devices["cuda"]) == ["GPU-0", "GPU-1"]
+    assert read.capacity == {"cuda": {"GPU-1": 0.5}}
+    body["capacity"] = {"cuda": {"GPU-7": 1}}
+    report.write_text(json.dumps(body))
+    with pytest.raises(InvalidInputError, match="capacity names cuda/GPU-7, no device"):
+        read_agent_providers_file(report)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("127.0.0.1:5090", "expected http://HOST:PORT"),
+        ("ftp://h:1", "expected http://HOST:PORT"),
+        ("http://", "expected http://HOST:PORT"),
+        ("http://h:5090/?x=1", "no query or fragment"),
+    ],
+)
+def test_bad_scheduler_urls(url: str, message: str) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        check_scheduler_url(url)
+    assert check_scheduler_url("https://sched.example:8443/") == "https://sched.example:8443"
+
+
+def test_backoff_doubles_to_its_cap_and_beats_are_jittered() -> None:
+    rng = random.Random(7)
+    bases = [1, 2, 4, 8, 16, 30, 30, 30]
+    for failures, base in enumerate(bases, 1):
+        delay = backoff_delay(failures, 10, rng)
+        assert base * 0.8 <= delay <= base * 1.2, (failures, delay)
+    assert backoff_delay(1000, 120, rng) >= 120 * 0.8 > MAX_BACKOFF_S  # a long interval caps
+    beats = {round(jittered(10, rng), 6) for _ in range(50)}
+    assert len(beats) > 40 and all(9 <= b <= 11 for b in beats)
+
+
+def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--scheduler", "localhost:5090"], "--scheduler 'localhost:5090': expected http://"),
+        (["--token-file", "/no/such/token"], "--token-file '/no/such/token': cannot read it"),
+        (["--token-file", "EMPTY"], "the file is empty"),
+        (["--providers-file", "/no/such.json"], "providers file '/no/such.json': cannot read"),
+        (["--providers-file", "BAD"], "not valid JSON"),
+        (["--agent-id", "a/b"], "agent_id 'a/b' is not valid"),
+        (["--resource-group", "a b"], "--resource-group 'a b' is not valid"),
+        (["--interval", "0"], "interval must be > 0 seconds, got '0'"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(
+    extra: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "EMPTY").write_text("\n")
+    (tmp_path / "BAD").write_text("{nope")
+    (tmp_path / "ok.json").write_text(json.dumps(X86_V3))
+    argv = ["agent", "--scheduler", "http://127.0.0.1:9", "--providers-file", "ok.json"]
+    argv += [str(tmp_path / a) if a in ("EMPTY", "BAD") else a for a in extra]
+    os.chdir(tmp_path)
+    code, err = run_main(argv, capsys)
+    assert code == 2, err
+    assert err.count("\n") == 1 and message in err, err
+    assert "Traceback" not in err
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def serve(root: Path, port: int) -> devstack.Service:
+    """The scheduler on a given port (a restart must come back where the agent looks)."""
+    argv = [
+        sys.executable, "-m", "docker_variant.scheduler", "serve", "--log-level", "warning",
+        "--db", f"sqlite:///{root / 'scheduler.db'}", "--listen", f"127.0.0.1:{port}",
+    ]  # fmt: skip
+    with (root / "scheduler.log").open("ab") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    service = devstack.Service(
+        "variant-scheduler", process, f"127.0.0.1:{port}", root, root / "scheduler.log"
+    )
+    wait_for(lambda: _answers(service.url), 20, service.log_tail)
+    return service
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def wait_for(
+    condition: Callable[[], object], timeout: float, why: Callable[[], str] = lambda: ""
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout} s: {why()}")
+
+
+class AgentProcess:
+    def __init__(self, root: Path, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.log = root / "agent.log"
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "docker_variant.scheduler", "agent", *argv],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+            )
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=20)
+        return self.process.returncode
+
+
+@pytest.fixture
+def started() -> Iterator[list[Any]]:
+    """Processes to stop (by their pid) whatever the test's outcome."""
+    running: list[Any] = []
+    yield running
+    for item in reversed(running):
+        item.stop()
+
+
+def agents(url: str) -> dict[str, dict[str, Any]]:
+    listed = httpx.get(f"{url}/v1/agents", timeout=5).json()["agents"]
+    return {a["agent_id"]: a for a in listed}
+
+
+def providers_report(path: Path, count: int = 2) -> Path:
+    devices = {f"GPU-{i}": gpu_lists(H200_R580) for i in range(count)}
+    path.write_text(json.dumps({"host": X86_V3, "devices": {"cuda": devices}}))
+    return path
+
+
+def test_agent_registers_re_registers_and_stops_on_sigterm(
+    tmp_path: Path, started: list[Any]
+) -> None:
+    interval = 3.0
+    port = devstack.free_port()
+    scheduler = serve(tmp_path, port)
+    started.append(scheduler)
+    providers = providers_report(tmp_path / "node.json")
+    agent = AgentProcess(
+        tmp_path,
+        ["--scheduler", scheduler.url, "--providers-file", str(providers),
+         "--interval", str(interval), "--agent-id", "node-a", "--resource-group", "gpu"],
+    )  # fmt: skip
+    started.append(agent)
+    spawned = time.monotonic()
+    view = wait_for(lambda: agents(scheduler.url).get("node-a"), interval, agent.text)
+    # the agent beats at once on start: it is there within one interval of being started
+    assert time.monotonic() - spawned <= interval
+    assert view["resource_group"] == "gpu" and view["platform"] == "linux/amd64"
+    assert view["devices"]["cuda"]["free"] == ["GPU-0", "GPU-1"]
+    # it keeps beating: last_seen moves on
+    wait_for(lambda: agents(scheduler.url)["node-a"]["last_seen"] != view["last_seen"], 15)
+
+    # the scheduler dies and comes back on the same database: the agent re-registers
+    scheduler.process.kill()
+    scheduler.process.wait()
+    wait_for(lambda: "failed" in agent.text(), 15, agent.text)
+    scheduler = serve(tmp_path, port)
+    started.append(scheduler)
+    restarted = agents(scheduler.url)["node-a"]["last_seen"]
+    wait_for(lambda: agents(scheduler.url)["node-a"]["last_seen"] > restarted, 40, agent.text)
+    assert "re-registered after" in agent.text()
+
+    # the operator drops the agent (an empty database would look the same): it comes back
+    # with its devices, and a report the scheduler takes in full (its lists) each time
+    httpx.delete(f"{scheduler.url}/v1/agents/node-a").raise_for_status()
+    back = wait_for(lambda: agents(scheduler.url).get("node-a"), 40, agent.text)
+    assert back["devices"]["cuda"]["free"] == ["GPU-0", "GPU-1"]
+    detail = httpx.get(f"{scheduler.url}/v1/agents/node-a").json()
+    assert detail["host"] == X86_V3
+
+    assert agent.stop() == 0
+    log = agent.text()
+    assert "Traceback" not in log and "agent node-a stopped" in log
+    assert all(
+        json.loads(line)["level"] in ("info", "warning", "debug") for line in log.splitlines()
+    )
+
+
+def test_a_refused_report_exits_2(tmp_path: Path, started: list[Any]) -> None:
+    scheduler = devstack.start_scheduler(tmp_path)
+    started.append(scheduler)
+    providers = tmp_path / "node.json"
+    # valid lists for the agent, but a device id the scheduler's rule refuses ("/")
+    providers.write_text(json.dumps({"host": X86_V3, "devices": {"cuda": {"a/b": {}}}}))
+    agent = AgentProcess(
+        tmp_path, ["--scheduler", scheduler.url, "--providers-file", str(providers)]
+    )
+    started.append(agent)
+    assert agent.process.wait(timeout=30) == 2
+    assert "the scheduler refused the report of agent" in agent.text()
+    assert "Traceback" not in agent.text()
+
+
+def placement(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    response = httpx.post(f"{url}/v1/placements", json=body, timeout=10)
+    assert response.status_code == 201, response.text
+    document: dict[str, Any] = response.json()
+    return document
+
+
+def test_an_unhealthy_gpu_degrades_the_placement_holding_it(
+    tmp_path: Path, started: list[Any]
+) -> None:
+    """The agent detects through NVML (the fake, in the agent's own process): two H100s;
+    one then counts an uncorrectable ECC error, and the gang on it is degraded."""
+    scheduler = devstack.start_scheduler(tmp_path)
+    started.append(scheduler)
+    machine = healthy_machine("h100-r570")
+    path = write_machine(tmp_path / "machine.json", machine)
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(FAKE_NVML_DIR), str(SRC)]),
+        "FAKE_NVML_MACHINE": str(path),
+        "DOCKER_VARIANT_PROVIDERS_FILE": "",
+    }
+    agent = AgentProcess(
+        tmp_path,
+        ["--scheduler", scheduler.url, "--interval", "1", "--agent-id", "gpu-node"],
+        env,
+    )
+    started.append(agent)
+    view = wait_for(lambda: agents(scheduler.url).get("gpu-node"), 30, agent.text)
+    assert sorted(view["devices"]["nvidia"]["free"]) == sorted(uuids(machine))
+    placed = placement(scheduler.url, {"index": INDEX, "nodes": 1, "devices_per_node": 1})
+    held = placed["allocations"][0]["devices"][0]
+    assert placed.get("state", "active") == "active"
+
+    sick = copy.deepcopy(machine)
+    sick["devices"][uuids(machine).index(held)]["nvmlDeviceGetTotalEccErrors"] = 1
+    write_machine(path, sick)
+
+    def degraded() -> dict[str, Any] | None:
+        document = httpx.get(f"{scheduler.url}/v1/placements/{placed['id']}").json()
+        return document if document.get("state") == "degraded" else None
+
+    document = wait_for(degraded, 30, agent.text)
+    assert held in json.dumps(document["degraded"]) or document["degraded"]["reason"]
+    listed = httpx.get(f"{scheduler.url}/v1/placements", params={"state": "degraded"}).json()
+    assert [p["id"] for p in listed["placements"]] == [placed["id"]]
+    assert "uncorrectable ECC error" in agent.text()
