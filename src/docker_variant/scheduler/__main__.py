@@ -1,4 +1,7 @@
 """``variant-scheduler serve [--db URL] [--listen HOST:PORT]``: run the scheduler under uvicorn.
+``variant-scheduler what-if --templates FILE REQUEST`` asks a running scheduler (``--scheduler
+URL``) whether a placement request fits its pool, or how many nodes of each template would
+make it fit (SPEC 8, ``whatif.py``); it exits 0 when it fits or a template helps, else 1.
 
 Bad arguments (a bad database URL or listen address, a busy port) end with one line on stderr
 and exit code 2; a database that cannot be reached at start, one line and exit code 3. Never a
@@ -8,22 +11,33 @@ traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import httpx
 import uvicorn
 from sqlalchemy import exc as sa_exc
 
 from docker_variant import __version__
 from docker_variant.errors import InvalidInputError, one_line
+from docker_variant.jsondoc import load_json, read_json_file
 from docker_variant.oci.reference import check_registry
-from docker_variant.scheduler.agent import add_agent_command, run_agent_command
+from docker_variant.scheduler.agent import (
+    add_agent_command,
+    check_scheduler_url,
+    read_token,
+    run_agent_command,
+)
 from docker_variant.scheduler.app import create_app
 from docker_variant.scheduler.database import DEFAULT_DB_URL, DatabaseUnavailableError
 from docker_variant.scheduler.store import Store
 from docker_variant.scheduler.tokens import load_tokens
+from docker_variant.scheduler.whatif import parse_what_if
 from docker_variant.serving import (
     LOG_LEVELS,
     ServerArgumentParser,
@@ -42,6 +56,7 @@ DEFAULT_LISTEN = "127.0.0.1:5090"
 DB_ENV = "VARIANT_SCHEDULER_DB"
 TOKENS_ENV = "VARIANT_SCHEDULER_TOKENS"
 REGISTRIES_ENV = "VARIANT_SCHEDULER_REGISTRIES"
+SCHEDULER_ENV = "VARIANT_SCHEDULER_URL"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,7 +108,72 @@ def _parser() -> argparse.ArgumentParser:
         "--log-level", choices=LOG_LEVELS, default="info", help="default %(default)s"
     )
     add_agent_command(commands)
+    _add_what_if_command(commands)
     return parser
+
+
+def _add_what_if_command(commands: Any) -> None:
+    what_if = commands.add_parser(
+        "what-if",
+        help="would the request place now; else how many nodes of each template would make it",
+    )
+    what_if.add_argument(
+        "--templates",
+        required=True,
+        metavar="FILE",
+        help='node templates: a JSON list, or {"templates": [...]} (SPEC 8)',
+    )
+    what_if.add_argument(
+        "--scheduler",
+        default=os.environ.get(SCHEDULER_ENV, f"http://{DEFAULT_LISTEN}"),
+        metavar="URL",
+        help=f"the running scheduler whose pool is asked (default ${SCHEDULER_ENV}, "
+        f"else http://{DEFAULT_LISTEN})",
+    )
+    what_if.add_argument(
+        "--token-file", type=Path, metavar="FILE", help="a client's bearer token (one line)"
+    )
+    what_if.add_argument(
+        "request", metavar="REQUEST", help="a placement request, JSON ('-': stdin)"
+    )
+
+
+def _run_what_if(args: Any, error: Callable[[str], Any]) -> int:
+    """Ask the scheduler's ``POST /v1/what-if``; print its JSON answer. 0: it fits now or a
+    template helps; 1: neither; 2: bad input; 3: the scheduler (or the registry it asks)
+    cannot be reached, or the image is missing; 4: the scheduler failed."""
+    try:
+        scheduler = check_scheduler_url(args.scheduler)
+        token = read_token(args.token_file) if args.token_file else None
+        if args.request == "-":
+            wanted = load_json(sys.stdin.buffer.read(), "REQUEST (stdin)")
+        else:
+            wanted = read_json_file(args.request, f"REQUEST {args.request!r}")
+        templates = read_json_file(args.templates, f"--templates {args.templates!r}")
+        if isinstance(templates, dict) and set(templates) == {"templates"}:
+            templates = templates["templates"]
+        body = {"request": wanted, "templates": templates}
+        parse_what_if(body)  # bad input is told here, the same way the server would
+    except InvalidInputError as exc:
+        error(one_line(str(exc)))
+        return 2
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.post(f"{scheduler}/v1/what-if", json=body, headers=headers, timeout=60)
+    except httpx.HTTPError as exc:
+        sys.stderr.write(f"variant-scheduler: error: {scheduler}: {one_line(str(exc))}\n")
+        return 3
+    if response.status_code != 200:
+        try:
+            message = str(response.json()["errors"][0]["message"])
+        except (ValueError, KeyError, IndexError, TypeError):
+            message = response.text[:200] or response.reason_phrase
+        sys.stderr.write(f"variant-scheduler: error: {response.status_code} {one_line(message)}\n")
+        status = response.status_code
+        return 2 if status < 404 or status == 413 else 3 if status in (404, 502, 503, 504) else 4
+    answer = response.json()
+    sys.stdout.write(json.dumps(answer, indent=2) + "\n")
+    return 0 if answer.get("fits_now") or answer.get("options") else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "agent":
         return run_agent_command(args, parser.error)
+    if args.command == "what-if":
+        return _run_what_if(args, parser.error)
     try:
         host, port = parse_listen(args.listen)
         tls = tls_options(args)

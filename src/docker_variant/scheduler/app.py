@@ -7,6 +7,7 @@
 | ``DELETE /v1/agents/{agent_id}`` | admin: drain (delete its placements) and deregister |
 | ``POST /v1/placements`` | place an image (or an index) on nodes: 201, or 409 with per-variant reasons |
 | ``GET /v1/placements``, ``GET``/``DELETE /v1/placements/{id}`` | placements; DELETE frees the devices |
+| ``POST /v1/what-if`` | would it place now; else how many nodes of each template would make it (``whatif.py``) |
 | ``GET /healthz`` | 200 when the database answers, else 503 |
 
 Errors are one line in ``{"errors": [{"code", "message", "detail"}]}``: 400 bad input, 401
@@ -40,6 +41,7 @@ from docker_variant.scheduler.documents import (
 from docker_variant.scheduler.placement import Refusal
 from docker_variant.scheduler.store import Store
 from docker_variant.scheduler.tokens import ANONYMOUS, Principal, TokenTable
+from docker_variant.scheduler.whatif import parse_what_if, what_if
 from docker_variant.serving import (
     BodyTooLargeError,
     bearer_token,
@@ -237,6 +239,20 @@ def create_app(
         return JSONResponse(outcome, 201, headers={"Location": location})
 
     @_guard
+    async def post_what_if(request: Request) -> Response:
+        caller(request, "client")  # as a placement: it reveals no more than one would
+        question = parse_what_if(await _json_body(request))
+        wanted = question.request
+        if wanted.index is not None:
+            index = wanted.index
+        else:
+            assert wanted.image is not None
+            index = (await run_in_threadpool(fetch, check_registry(wanted.image)))[1]
+        pool = await run_in_threadpool(store.snapshot, wanted.resource_group)  # a copy
+        answer = await run_in_threadpool(what_if, index, wanted, pool, question.templates)
+        return JSONResponse(answer.to_json())
+
+    @_guard
     async def list_placements(request: Request) -> Response:
         who = caller(request, "client")
         documents = await run_in_threadpool(store.list_placements)
@@ -280,6 +296,7 @@ def create_app(
             Route("/v1/agents/{agent_id}", delete_agent, methods=["DELETE"]),
             Route("/v1/placements", post_placement, methods=["POST"]),
             Route("/v1/placements", list_placements, methods=["GET"]),
+            Route("/v1/what-if", post_what_if, methods=["POST"]),
             Route("/v1/placements/{placement_id}", get_placement, methods=["GET"]),
             Route("/v1/placements/{placement_id}", delete_placement, methods=["DELETE"]),
         ]

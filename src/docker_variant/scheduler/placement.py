@@ -125,7 +125,8 @@ class Pool:
         unavailable: Mapping[str, str] | None = None,
         scope: str = "",  # e.g. ' in resource group "gpu"', for messages
     ) -> None:
-        self.profiles: Mapping[ProfileKey, SupportedLists] = profiles or {}
+        # the caller's mapping itself, even while empty (the store's grows as agents report)
+        self.profiles: Mapping[ProfileKey, SupportedLists] = {} if profiles is None else profiles
         self.scope = scope
         self._unavailable: dict[str, str] = dict(unavailable or {})
         self._nodes: dict[str, Node] = {}  # live: planned on
