@@ -16,7 +16,8 @@ import hashlib
 import json
 import os
 import ssl
-from collections.abc import Mapping
+import threading
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
@@ -55,6 +56,7 @@ __all__ = [
     "config_labels",
     "host_platform",
     "stated_platform",
+    "system_tls",
 ]
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -121,10 +123,39 @@ def config_labels(config: Mapping[str, Any], where: str) -> dict[str, str]:
     return labels
 
 
+class _DeferredTrustContext(ssl.SSLContext):
+    """A client context whose trust store is loaded by its first TLS handshake.
+
+    Reading the system's CA certificates costs about 20 ms. A loopback registry spoken to
+    over plain HTTP, and the engine's socket, never shake hands, so they never pay it; a
+    redirect to HTTPS (blobs on a CDN) or an HTTPS proxy still verifies as usual. httpcore
+    starts every handshake through ``wrap_socket`` (sync) or ``wrap_bio`` (anyio)."""
+
+    _trust_loaded = False
+    _trust_lock = threading.Lock()
+
+    def _load_trust(self) -> None:
+        if not self._trust_loaded:
+            with self._trust_lock:
+                if not self._trust_loaded:
+                    self.load_default_certs(ssl.Purpose.SERVER_AUTH)
+                    self._trust_loaded = True
+
+    def wrap_socket(self, *args: Any, **kwargs: Any) -> ssl.SSLSocket:
+        self._load_trust()
+        return super().wrap_socket(*args, **kwargs)
+
+    def wrap_bio(self, *args: Any, **kwargs: Any) -> ssl.SSLObject:
+        self._load_trust()
+        return super().wrap_bio(*args, **kwargs)
+
+
 @functools.cache
-def _system_tls() -> ssl.SSLContext:
-    """The system's trust store, as Docker uses; also cheaper to load than certifi's bundle."""
-    return ssl.create_default_context()
+def system_tls() -> ssl.SSLContext:
+    """The system's trust store, as Docker uses (cheaper to load than certifi's bundle), read
+    only when a connection first uses TLS. One per process: clients share it."""
+    # PROTOCOL_TLS_CLIENT verifies certificates and host names, as create_default_context does
+    return _DeferredTrustContext(ssl.PROTOCOL_TLS_CLIENT)
 
 
 @functools.cache
@@ -175,7 +206,7 @@ class RegistryClient:
             follow_redirects=True,  # blobs may live behind a redirect (S3, CDN)
             limits=httpx.Limits(max_connections=max_concurrency),
             transport=transport,
-            verify=tls or _system_tls(),
+            verify=tls or system_tls(),
         )
 
     @classmethod
@@ -263,6 +294,33 @@ class RegistryClient:
         config = await self.get_config(repository, manifest)
         url = f"{self.base_url}/v2/{repository}/blobs/{manifest.config_digest}"
         return config_labels(config, f"config blob {url}")
+
+    async def stream_blob(
+        self, repository: str, digest: str, *, chunk_size: int = 1 << 20
+    ) -> AsyncIterator[bytes]:
+        """A blob's bytes as they arrive (a layer of gigabytes is never held), checked
+        against ``digest`` once the last chunk is in: a mismatch raises after it."""
+        check_repository(repository)
+        if not digest.startswith("sha256:"):
+            raise InvalidInputError(f"blob {digest!r} of {repository}: only sha256 digests")
+        what = f"blob {digest} of {repository}"
+        url = f"{self.base_url}/v2/{repository}/blobs/{digest}"
+        hasher = hashlib.sha256()
+        async with self._semaphore:
+            try:
+                async with self._http.stream("GET", url) as response:
+                    if not response.is_success:
+                        body = await _read(response, _ERROR_BODY_LIMIT, what, truncate=True)
+                        raise _status_error(response, body, what)
+                    async for chunk in response.aiter_bytes(chunk_size):
+                        hasher.update(chunk)
+                        yield chunk
+                    if "sha256:" + hasher.hexdigest() != digest:
+                        raise _bad(f"{what}: content does not match its digest", response)
+            except RegistryError:
+                raise
+            except httpx.HTTPError as exc:
+                raise _transport_error(exc, what, url) from exc
 
     async def image_labels(self, repository: str, tag: str) -> tuple[str, dict[str, str]]:
         """``(digest the tag points at, config.Labels)``."""
