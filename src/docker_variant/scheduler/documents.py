@@ -6,9 +6,10 @@ the HTTP layer answers 400 with it unchanged.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from docker_variant.errors import InvalidInputError
@@ -18,7 +19,9 @@ from docker_variant.variant.platform import Platform
 
 __all__ = [
     "DEFAULT_RESOURCE_GROUP",
+    "MAX_CAPACITY",
     "MAX_NODES",
+    "SHARE",
     "AgentReport",
     "PlacementRequest",
     "check_agent_id",
@@ -29,6 +32,10 @@ __all__ = [
 DEFAULT_RESOURCE_GROUP = "default"
 MAX_NODES = 10_000
 MAX_DEVICES_PER_NODE = 1_024
+#: Shares are counted in millionths of a share, as integers, so that sums are exact (three
+#: placements of 1/3 fill a device and a fourth never fits by rounding).
+SHARE = 1_000_000
+MAX_CAPACITY = 1_024  # shares one device may report
 
 # Agent ids travel in URL paths: no '/'. Device names may look like "nvidia.com/gpu".
 _AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,254}")
@@ -56,6 +63,9 @@ class AgentReport:
     host: SupportedLists
     devices: Mapping[str, Mapping[str, SupportedLists]]
     platform: str | None = None  # os/arch[/variant]; None: from the host lists' CPU namespace
+    # (device name, device id) -> shares in millionths; a device not named has one share
+    capacity: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    unhealthy: frozenset[tuple[str, str]] = frozenset()  # (device name, device id)
 
 
 def _object(value: object, what: str) -> dict[str, Any]:
@@ -71,10 +81,65 @@ def _unknown_keys(data: Mapping[str, Any], known: set[str], what: str) -> None:
         )
 
 
+def _shares(value: object, what: str, maximum: float, rule: str) -> int:
+    """A number of shares (0 < value <= maximum) in millionths."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 < value <= maximum
+        or round(value * SHARE) < 1
+    ):
+        raise InvalidInputError(f"{what} must be {rule}, got {value!r}")
+    return round(value * SHARE)
+
+
+def _reported(
+    devices: Mapping[str, Mapping[str, object]], name: object, device_id: object, what: str
+) -> tuple[str, str]:
+    if not isinstance(name, str) or name not in devices:
+        raise InvalidInputError(f"{what}: device name {name!r} is not among the reported devices")
+    if not isinstance(device_id, str) or device_id not in devices[name]:
+        raise InvalidInputError(
+            f"{what}.{name}: device {device_id!r} is not among the reported {name} devices"
+        )
+    return name, device_id
+
+
+def _capacity(
+    data: object, devices: Mapping[str, Mapping[str, object]]
+) -> dict[tuple[str, str], int]:
+    """``{"<device_name>": {"<device_id>": shares}}``; one share where not given."""
+    capacity: dict[tuple[str, str], int] = {}
+    for name, members in _object(data, "capacity").items():
+        for device_id, shares in _object(members, f"capacity.{name}").items():
+            key = _reported(devices, name, device_id, "capacity")
+            rule = f"a number of shares > 0 and <= {MAX_CAPACITY}"
+            units = _shares(shares, f"capacity.{name}.{device_id}", MAX_CAPACITY, rule)
+            if units != SHARE:  # the default is not stored
+                capacity[key] = units
+    return capacity
+
+
+def _unhealthy(
+    data: object, devices: Mapping[str, Mapping[str, object]]
+) -> frozenset[tuple[str, str]]:
+    """``{"<device_name>": ["<device_id>", ...]}``."""
+    unhealthy: set[tuple[str, str]] = set()
+    for name, ids in _object(data, "unhealthy").items():
+        if not isinstance(ids, list):
+            raise InvalidInputError(
+                f"unhealthy.{name} must be a list of device ids, got {type(ids).__name__}"
+            )
+        unhealthy.update(_reported(devices, name, device_id, "unhealthy") for device_id in ids)
+    return frozenset(unhealthy)
+
+
 def parse_agent_report(data: object, path_agent_id: str) -> AgentReport:
-    """``{"agent_id", "resource_group", "host", "devices"}`` as PUT to ``/v1/agents/{id}``."""
+    """``{"agent_id", "resource_group", "host", "devices"}`` as PUT to ``/v1/agents/{id}``,
+    with optional ``platform``, ``capacity`` and ``unhealthy`` (SPEC 8)."""
     report = _object(data, "an agent report")
-    known = {"agent_id", "resource_group", "host", "devices", "platform"}
+    known = {"agent_id", "resource_group", "host", "devices", "platform", "capacity", "unhealthy"}
     _unknown_keys(report, known, "agent report")
     agent_id = check_agent_id(path_agent_id)
     if "agent_id" in report and report["agent_id"] != agent_id:
@@ -95,7 +160,9 @@ def parse_agent_report(data: object, path_agent_id: str) -> AgentReport:
     platform = report.get("platform")
     if platform is not None:
         platform = str(Platform.parse(platform, f"agent {agent_id}: platform"))
-    return AgentReport(agent_id, group, host, devices, platform)
+    capacity = _capacity(report.get("capacity", {}), devices)
+    unhealthy = _unhealthy(report.get("unhealthy", {}), devices)
+    return AgentReport(agent_id, group, host, devices, platform, capacity, unhealthy)
 
 
 @dataclass(frozen=True)
@@ -109,6 +176,23 @@ class PlacementRequest:
     index: VariantIndex | None = None
     resource_group: str | None = None
     device_name: str | None = None
+    shares: int | None = None  # of each device, in millionths (``SHARE``); None: whole devices
+
+    def to_json(self) -> dict[str, Any]:
+        """The request as a client would send it (kept with a placement, for ``replace``)."""
+        document: dict[str, Any] = {"nodes": self.nodes, "devices_per_node": self.devices_per_node}
+        if self.image is not None:
+            document["image"] = self.image
+        if self.index is not None:
+            document["index"] = self.index.to_json()
+        for key, value in (
+            ("resource_group", self.resource_group),
+            ("device_name", self.device_name),
+            ("shares_per_device", None if self.shares is None else self.shares / SHARE),
+        ):
+            if value is not None:
+                document[key] = value
+        return document
 
 
 def _count(data: Mapping[str, Any], key: str, minimum: int, maximum: int) -> int:
@@ -121,6 +205,7 @@ def _count(data: Mapping[str, Any], key: str, minimum: int, maximum: int) -> int
 def parse_placement_request(data: object) -> PlacementRequest:
     request = _object(data, "a placement request")
     known = {"image", "index", "nodes", "devices_per_node", "resource_group", "device_name"}
+    known.add("shares_per_device")
     _unknown_keys(request, known, "placement request")
     if ("image" in request) == ("index" in request):
         raise InvalidInputError(
@@ -145,11 +230,23 @@ def parse_placement_request(data: object) -> PlacementRequest:
     device_name = request.get("device_name")
     if device_name is not None:
         device_name = _check_name(device_name, _DEVICE_NAME, "device_name", " (and /)")
+    nodes = _count(request, "nodes", 1, MAX_NODES)
+    per_node = _count(request, "devices_per_node", 0, MAX_DEVICES_PER_NODE)
+    shares = None
+    if "shares_per_device" in request:
+        shares = _shares(
+            request["shares_per_device"], "shares_per_device", 1, "a number > 0 and <= 1"
+        )
+        if per_node == 0:
+            raise InvalidInputError(
+                "shares_per_device needs devices_per_node >= 1 (shares of which devices?)"
+            )
     return PlacementRequest(
-        nodes=_count(request, "nodes", 1, MAX_NODES),
-        devices_per_node=_count(request, "devices_per_node", 0, MAX_DEVICES_PER_NODE),
+        nodes=nodes,
+        devices_per_node=per_node,
         image=image,
         index=index,
         resource_group=group,
         device_name=device_name,
+        shares=shares,
     )

@@ -9,17 +9,25 @@
   release. While both are unchanged, a scheduler process plans on the pool it keeps in
   memory without reading it; it applies its own changes to that pool as it commits them, and
   re-reads only what another process (a replica on the same database) changed.
-- ``placements`` and ``allocations``: one row per allocated device, whose primary key
-  ``(agent_id, device_name, device_id)`` is what makes a second allocation of a device
-  impossible, whatever the concurrency. Allocations do not reference ``devices``: a device
+- ``placements`` and ``allocations``: one allocation row per device and placement, with the
+  shares it takes (NULL: the whole device). Allocations do not reference ``devices``: a device
   that vanishes from a report while allocated keeps its allocation until the placement is
-  deleted.
+  deleted (or replaced). A placement's ``state`` is ``active`` or ``degraded`` (with the
+  reason and the time); ``request`` keeps what the client asked, for ``replace``.
+- ``device_usage``: one row per device in use, with the shares used and the device's capacity
+  (both in millionths). This is what makes over-commitment impossible, whatever the
+  concurrency: a whole device is taken by inserting its row (the primary key refuses a second
+  row), a share by an upsert adding to ``used``, which the ``used <= capacity`` check refuses
+  past the capacity; either way the losing transaction rolls back as a whole. Rows are
+  deleted when nothing uses the device any more.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
+    CheckConstraint,
     Column,
     Float,
     ForeignKey,
@@ -29,12 +37,14 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    true,
 )
 
 __all__ = [
     "agents",
     "allocation_version",
     "allocations",
+    "device_usage",
     "devices",
     "metadata",
     "placements",
@@ -61,7 +71,7 @@ agents = Table(
     Column("resource_group", String(_ID), nullable=False, index=True),
     Column("host_profile", String(_HASH), ForeignKey("profiles.id"), nullable=False),
     Column("first_seen", Float, nullable=False),  # epoch seconds
-    Column("last_seen", Float, nullable=False),
+    Column("last_seen", Float, nullable=False, index=True),  # agents past the TTL: a range
     Column("platform", String(64), nullable=True),  # as reported; NULL: from the CPU lists
 )
 
@@ -77,6 +87,9 @@ devices = Table(
     Column("device_name", String(_ID), primary_key=True),
     Column("device_id", String(_ID), primary_key=True),
     Column("profile", String(_HASH), ForeignKey("profiles.id"), nullable=False),
+    # in millionths of a share (documents.SHARE): one share unless the agent says otherwise
+    Column("capacity", BigInteger, nullable=False, default=1_000_000, server_default="1000000"),
+    Column("healthy", Boolean, nullable=False, default=True, server_default=true()),
 )
 
 pool_version = Table(
@@ -99,6 +112,11 @@ placements = Table(
     Column("id", String(32), primary_key=True),
     Column("created_at", Float, nullable=False, index=True),
     Column("document", Text, nullable=False),  # the JSON answer to POST, served by GET
+    Column("state", String(16), nullable=False, default="active", server_default="active"),
+    Column("degraded_reason", Text, nullable=True),
+    Column("degraded_since", Float, nullable=True),  # epoch seconds
+    Column("request", Text, nullable=True),  # the placement request, JSON
+    Index("ix_placements_state", "state"),
 )
 
 allocations = Table(
@@ -111,7 +129,20 @@ allocations = Table(
         "placement_id",
         String(32),
         ForeignKey("placements.id", ondelete="CASCADE"),
-        nullable=False,
+        primary_key=True,
     ),
+    Column("shares", BigInteger, nullable=True),  # millionths; NULL: the whole device
     Index("ix_allocations_placement_id", "placement_id"),
+)
+
+device_usage = Table(
+    "device_usage",
+    metadata,
+    Column("agent_id", String(_ID), primary_key=True),
+    Column("device_name", String(_ID), primary_key=True),
+    Column("device_id", String(_ID), primary_key=True),
+    Column("used", BigInteger, nullable=False),  # millionths of a share
+    Column("capacity", BigInteger, nullable=False),
+    Column("whole", Boolean, nullable=False),  # taken whole: no share may join
+    CheckConstraint("used <= capacity", name="ck_device_usage_within_capacity"),
 )

@@ -21,6 +21,15 @@ must fit it, no device is taken). Among the placements possible, the first in th
 4. nodes: those left with the fewest free devices (best fit, keeping whole nodes free for
    large gangs), then by agent id; devices by id.
 
+Devices may be shared (Backend.AI's ``cuda.shares``): each has a capacity in shares (one by
+default) and a placement may ask ``shares`` of each device instead of whole devices. A share
+fits a healthy device with that much room left; whole devices are only those nothing uses.
+Shares go best-fit: among the devices of the class chosen, first those already partly used,
+the one with the least room that fits first, then untouched ones; nodes are taken in the
+order (whole devices it would break, the room on the partly used devices it would fill,
+free devices), so that whole devices and whole nodes stay free for whole-device requests.
+Unhealthy devices (as their agent reports them) are never taken, whole or in part.
+
 Nothing is placed unless all ``nodes`` nodes are found. A refusal says, per variant, how many
 nodes could take it and why the others cannot.
 """
@@ -35,9 +44,9 @@ import re
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain, islice, repeat
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from docker_variant.scheduler.documents import AgentReport
+from docker_variant.scheduler.documents import SHARE, AgentReport
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.model import SupportedLists
 from docker_variant.variant.platform import Platform, platform_of_lists
@@ -55,9 +64,11 @@ __all__ = [
     "Pool",
     "ProfileKey",
     "Refusal",
+    "Shares",
     "build_pool",
     "natural_key",
     "plan",
+    "pool_shares",
     "profile_key",
 ]
 
@@ -66,12 +77,17 @@ BARE = "(bare)"
 ProfileKey = str  # a content hash of one supported-lists document
 _SHOWN_AGENTS = 3
 _SHOWN_GROUPS = 5
+#: What a device taken whole counts as used (more than any capacity).
+WHOLE = 1 << 62
 
 
 class Device(NamedTuple):  # a tuple: a pool holds tens of thousands
     device_id: str
     profile: ProfileKey  # the device's own lists
-    free: bool = True
+    free: bool = True  # healthy and nothing uses it: it takes a whole-device request
+    room: int = SHARE  # shares left (millionths): capacity less use; 0 when unhealthy
+    capacity: int = SHARE  # shares in all (millionths)
+    healthy: bool = True  # as its agent reports: never allocated when False
 
 
 @dataclass(frozen=True)
@@ -84,25 +100,41 @@ class Node:
     platform: str | None = None  # as reported; None: the host lists' CPU namespace says
 
 
+Rooms = tuple[tuple[tuple[int, bool], int], ...]  # ((room, free), devices), sorted
 Signature = tuple[
     ProfileKey,  # host lists
     str | None,  # platform, as reported
-    tuple[tuple[str, tuple[tuple[ProfileKey, int, int], ...]], ...],  # name, (profile, n, free)
+    # per name: (profile, devices, free ones, the room on those with some)
+    tuple[tuple[str, tuple[tuple[ProfileKey, int, int, Rooms], ...]], ...],
 ]
 DeviceKey = tuple[str, str, str]  # (agent_id, device_name, device_id)
 
 
 def signature(node: Node) -> Signature:
     """What the planner sees of a node but its agent id: its host lists and platform and, per
-    device name, how many devices of each profile it has and how many of them are free."""
+    device name, how many devices of each profile it has, how many of them are free, and
+    how many have how much room (shares) left."""
     names = []
     for name in sorted(node.devices):
-        counts: dict[ProfileKey, list[int]] = {}
+        counts: dict[ProfileKey, tuple[list[int], dict[tuple[int, bool], int]]] = {}
         for device in node.devices[name]:
-            count = counts.setdefault(device.profile, [0, 0])
+            count, rooms = counts.setdefault(device.profile, ([0, 0], {}))
             count[0] += 1
             count[1] += device.free
-        names.append((name, tuple(sorted((p, n, free) for p, (n, free) in counts.items()))))
+            if device.room:
+                room = (device.room, device.free)
+                rooms[room] = rooms.get(room, 0) + 1
+        names.append(
+            (
+                name,
+                tuple(
+                    sorted(
+                        (p, n, free, tuple(sorted(rooms.items())))
+                        for p, ([n, free], rooms) in counts.items()
+                    )
+                ),
+            )
+        )
     return (node.host, node.platform, tuple(names))
 
 
@@ -114,8 +146,11 @@ class Pool:
     so each signature is one bucket of agent ids, kept sorted. A pool has few signatures (a
     GPU kind times its free count, in a fleet of whole nodes), however many nodes: the planner
     works per signature and visits single nodes only to pick their devices. ``allocate``,
-    ``release``, ``put``, ``remove`` and ``park`` keep the index up to date, at the cost of
-    the nodes they touch; ``plan`` only reads it.
+    ``release``, ``set_usage``, ``put``, ``remove`` and ``park`` keep the index up to date, at
+    the cost of the nodes they touch; ``plan`` only reads it.
+
+    What each device has in use is kept by the pool (``usage``: shares in millionths, or
+    ``WHOLE``), and sets the devices' ``free`` and ``room``.
     """
 
     def __init__(
@@ -131,12 +166,13 @@ class Pool:
         self._unavailable: dict[str, str] = dict(unavailable or {})
         self._nodes: dict[str, Node] = {}  # live: planned on
         self._parked: dict[str, Node] = {}  # left out (see ``unavailable``), kept for later
-        self._taken: dict[str, set[tuple[str, str]]] = {}  # agent -> (name, id) allocated
+        # agent -> (name, id) -> shares in use (millionths; WHOLE: taken whole)
+        self._taken: dict[str, dict[tuple[str, str], int]] = {}
         self._signatures: dict[str, Signature] = {}  # live agent -> its signature
         self._members: dict[Signature, list[str]] = {}  # signature -> agent ids, sorted
         for node in nodes:
-            self._nodes[node.agent_id] = node
-            self._taken[node.agent_id] = _held(node)
+            held = self._taken[node.agent_id] = _held(node)
+            self._nodes[node.agent_id] = _with_free(node, held)
         for agent, node in self._nodes.items():
             key = self._signatures[agent] = signature(node)
             self._members.setdefault(key, []).append(agent)
@@ -170,27 +206,60 @@ class Pool:
             for name, device_id in held:
                 yield agent, name, device_id
 
+    def usage(self) -> dict[DeviceKey, int]:
+        """What each allocated device has in use: shares (millionths), or ``WHOLE``."""
+        return {
+            (agent, name, device_id): used
+            for agent, held in self._taken.items()
+            for (name, device_id), used in held.items()
+        }
+
+    def trouble(self, agent_id: str, device_name: str | None, ids: Iterable[str]) -> str | None:
+        """Why the agent's devices ``ids`` (of ``device_name``) can no longer serve a gang:
+        the agent is left out or gone, a device is unhealthy or no longer reported; None
+        when they still can."""
+        if agent_id in self._parked:
+            return f"agent {agent_id}: {self._unavailable.get(agent_id, 'left out')}"
+        node = self._nodes.get(agent_id)
+        if node is None:
+            return f"agent {agent_id} is not in the pool{self.scope}"
+        present = {d.device_id: d for d in node.devices.get(device_name or "", ())}
+        for device_id in ids:
+            device = present.get(device_id)
+            if device is None:
+                return f"agent {agent_id}: device {device_name}/{device_id} is no longer reported"
+            if not device.healthy:
+                return f"agent {agent_id}: device {device_name}/{device_id} is unhealthy"
+        return None
+
     def copy(self) -> Pool:
         """An independent pool with the same state (nodes are immutable: shared)."""
         other = Pool((), self.profiles, self._unavailable, self.scope)
         other._nodes = dict(self._nodes)
         other._parked = dict(self._parked)
-        other._taken = {agent: set(held) for agent, held in self._taken.items()}
+        other._taken = {agent: dict(held) for agent, held in self._taken.items()}
         other._signatures = dict(self._signatures)
         other._members = {key: list(members) for key, members in self._members.items()}
         return other
 
     # ----------------------------------------------------------------------- changing
 
-    def put(self, node: Node, taken: Iterable[tuple[str, str]] | None = None) -> None:
+    def put(
+        self,
+        node: Node,
+        taken: Mapping[tuple[str, str], int] | Iterable[tuple[str, str]] | None = None,
+    ) -> None:
         """Add or replace a live node. ``taken``: its allocated (device name, device id),
-        which decide its devices' ``free``; by default the devices' own ``free`` decides."""
+        taken whole, or a mapping of them to the shares in use, which decide its devices'
+        ``free`` and ``room``; by default the devices' own ``free`` and ``room`` decide."""
         agent = node.agent_id
         if taken is None:
             held = _held(node)
+        elif isinstance(taken, Mapping):
+            held = dict(taken)
         else:
-            held = set(taken)
-            node = _with_free(node, held)
+            held = dict.fromkeys(taken, WHOLE)
+        node = _with_free(node, held)
         self.remove(agent)
         self._nodes[agent] = node
         self._taken[agent] = held
@@ -220,38 +289,60 @@ class Pool:
             self._nodes[agent_id] = node
             self._index(agent_id, node)
 
-    def allocate(self, keys: Iterable[DeviceKey]) -> None:
-        """Mark devices allocated; devices of agents not in the pool are ignored, and so
-        are repeats. A device its agent no longer reports stays allocated if it returns."""
-        self._mark(keys, taken=True)
+    def allocate(self, keys: Iterable[DeviceKey], shares: int | None = None) -> None:
+        """Mark devices allocated, whole or ``shares`` (millionths) of each; devices of agents
+        not in the pool are ignored, and so are repeats of whole devices. A device its agent
+        no longer reports stays allocated if it returns."""
+        self._mark(keys, shares, taken=True)
 
-    def release(self, keys: Iterable[DeviceKey]) -> None:
-        self._mark(keys, taken=False)
+    def release(self, keys: Iterable[DeviceKey], shares: int | None = None) -> None:
+        """Free devices taken whole, or ``shares`` of each."""
+        self._mark(keys, shares, taken=False)
 
-    def _mark(self, keys: Iterable[DeviceKey], *, taken: bool) -> None:
-        by_agent: dict[str, list[tuple[str, str]]] = {}
-        for agent, name, device_id in keys:
-            by_agent.setdefault(agent, []).append((name, device_id))
+    def set_usage(self, usage: Mapping[DeviceKey, int]) -> None:
+        """Set what devices have in use (shares, ``WHOLE``, or 0: nothing)."""
+        by_agent: dict[str, dict[tuple[str, str], int]] = {}
+        for (agent, name, device_id), used in usage.items():
+            by_agent.setdefault(agent, {})[(name, device_id)] = used
         for agent, changes in by_agent.items():
+            self._change(agent, changes)
+
+    def _mark(self, keys: Iterable[DeviceKey], shares: int | None, *, taken: bool) -> None:
+        by_agent: dict[str, dict[tuple[str, str], int]] = {}
+        for agent, name, device_id in keys:
             held = self._taken.get(agent)
             if held is None:
                 continue
-            if taken:
-                held.update(changes)
+            changes = by_agent.setdefault(agent, {})
+            key = (name, device_id)
+            used = changes.get(key, held.get(key, 0))
+            if shares is None:
+                changes[key] = WHOLE if taken else 0
             else:
-                held.difference_update(changes)
-            live = agent in self._nodes
-            node = self._nodes[agent] if live else self._parked[agent]
-            names = {name for name, _ in changes}
-            marked = _with_free(node, held, names)
-            if marked is node:
-                continue
-            if live:
-                self._unindex(agent)
-                self._nodes[agent] = marked
-                self._index(agent, marked)
+                changes[key] = used + shares if taken else max(0, used - shares)
+        for agent, changes in by_agent.items():
+            self._change(agent, changes)
+
+    def _change(self, agent: str, changes: Mapping[tuple[str, str], int]) -> None:
+        held = self._taken.get(agent)
+        if held is None:
+            return
+        for key, used in changes.items():
+            if used > 0:
+                held[key] = used
             else:
-                self._parked[agent] = marked
+                held.pop(key, None)
+        live = agent in self._nodes
+        node = self._nodes[agent] if live else self._parked[agent]
+        marked = _with_free(node, held, {name for name, _ in changes})
+        if marked is node:
+            return
+        if live:
+            self._unindex(agent)
+            self._nodes[agent] = marked
+            self._index(agent, marked)
+        else:
+            self._parked[agent] = marked
 
     def _index(self, agent: str, node: Node) -> None:
         key = self._signatures[agent] = signature(node)
@@ -267,24 +358,38 @@ class Pool:
             del self._members[key]
 
 
-def _held(node: Node) -> set[tuple[str, str]]:
-    return {(name, d.device_id) for name, ds in node.devices.items() for d in ds if not d.free}
+def _held(node: Node) -> dict[tuple[str, str], int]:
+    """What the node's healthy devices have in use, by their ``free`` and ``room`` (a device
+    that is not free but has all its room was marked taken the plain way: whole)."""
+    held = {}
+    for name, members in node.devices.items():
+        for d in members:
+            if d.healthy and not d.free:
+                held[(name, d.device_id)] = WHOLE if d.room >= d.capacity else d.capacity - d.room
+    return held
+
+
+def _marked(device: Device, used: int) -> Device:
+    free = device.healthy and used == 0
+    room = max(0, device.capacity - used) if device.healthy else 0
+    if device.free == free and device.room == room:
+        return device
+    return Device(device.device_id, device.profile, free, room, device.capacity, device.healthy)
 
 
 def _with_free(
-    node: Node, held: Container[tuple[str, str]], names: Iterable[str] | None = None
+    node: Node, held: Mapping[tuple[str, str], int], names: Iterable[str] | None = None
 ) -> Node:
-    """The node with ``free`` set from ``held`` (on the devices of ``names``; default all);
-    the node itself when nothing changes."""
+    """The node with ``free`` and ``room`` set from ``held`` (on the devices of ``names``;
+    default all); the node itself when nothing changes."""
     devices = dict(node.devices)
     changed = False
     for name in devices if names is None else names:
         members = devices.get(name, ())
-        if all(d.free == ((name, d.device_id) not in held) for d in members):
+        marked = [_marked(d, held.get((name, d.device_id), 0)) for d in members]
+        if all(a is b for a, b in zip(marked, members, strict=True)):
             continue
-        devices[name] = [
-            Device(d.device_id, d.profile, (name, d.device_id) not in held) for d in members
-        ]
+        devices[name] = marked
         changed = True
     return replace(node, devices=devices) if changed else node
 
@@ -303,6 +408,7 @@ class Plan:
     candidate: Candidate  # the chosen variant, ``null``, or the bare image
     allocations: tuple[NodeAllocation, ...]
     homogeneous: bool
+    shares: int | None = None  # taken of each device (millionths); None: whole devices
 
 
 @dataclass(frozen=True)
@@ -327,24 +433,53 @@ def build_pool(
         profiles.setdefault(name, lists)
         return name
 
+    def device(report: AgentReport, name: str, device_id: str, lists: SupportedLists) -> Device:
+        capacity = report.capacity.get((name, device_id), SHARE)
+        healthy = (name, device_id) not in report.unhealthy
+        free = healthy and (report.agent_id, name, device_id) not in allocated
+        return Device(device_id, key(lists), free, capacity if free else 0, capacity, healthy)
+
     nodes = [
         Node(
             report.agent_id,
             key(report.host),
             {
-                name: [
-                    Device(
-                        device_id, key(lists), (report.agent_id, name, device_id) not in allocated
-                    )
-                    for device_id, lists in members.items()
-                ]
-                for name, members in report.devices.items()
+                name: [device(report, name, device_id, lists) for device_id, lists in ids.items()]
+                for name, ids in report.devices.items()
             },
             report.platform,
         )
         for report in reports
     ]
     return Pool(nodes, profiles)
+
+
+@dataclass(frozen=True)
+class Shares:
+    """The shares of a pool's live, healthy devices (millionths)."""
+
+    capacity: int
+    free: int  # room left, on every device
+    stranded: int  # room left on devices partly used: no whole-device request can use it
+
+    @property
+    def fragmentation(self) -> float:
+        """The share of free capacity that no whole-device request can use."""
+        return self.stranded / self.free if self.free else 0.0
+
+
+def pool_shares(pool: Pool) -> Shares:
+    """Free and stranded shares over the live nodes (a visit of every device: for views)."""
+    capacity = free = stranded = 0
+    for node in pool.nodes:
+        for members in node.devices.values():
+            for d in members:
+                if d.healthy:
+                    capacity += d.capacity
+                    free += d.room
+                    if not d.free:
+                        stranded += d.room
+    return Shares(capacity, free, stranded)
 
 
 def candidate_key(candidate: Candidate) -> str:
@@ -445,8 +580,11 @@ class _Offer:
     """What each node of one signature offers under one device name, by device class."""
 
     device_name: str
-    free: Mapping[str, int]  # class key -> free devices (classes with one at least)
+    free: Mapping[str, int]  # class key -> usable devices (classes with one at least)
     total: Mapping[str, int]  # class key -> devices, free or not
+
+
+Spare = tuple[int, ...]  # the best-fit measure of a node: lowest first
 
 
 @dataclass(frozen=True)
@@ -454,13 +592,34 @@ class _Kind:
     """The nodes of one signature as one index sees them: alike but for their agent ids."""
 
     agents: Sequence[str]  # sorted
-    spare: int  # free devices on each node under every name: the best-fit measure
+    spare: Spare  # (free devices on each node under every name,); for shares, see _spare
     host_class: str  # the class of the host lists alone
     offers: tuple[_Offer, ...]  # by device name (``device_name`` alone when given); none
     # when no device is taken
 
 
-def _kinds(pool: Pool, judge: Judge, per_node: int, device_name: str | None) -> list[_Kind]:
+def _usable(n_free: int, rooms: Rooms, shares: int | None) -> int:
+    """Devices that can take a request: free ones, or with ``shares`` of room."""
+    if shares is None:
+        return n_free
+    return sum(count for (room, _), count in rooms if room >= shares)
+
+
+def _spare(
+    rooms: Iterable[tuple[int, bool]], free: int, per_node: int, shares: int | None
+) -> Spare:
+    """Whole requests: the free devices. Shares: (the free devices a request must break,
+    the room on the partly used devices it fills, the free devices): nodes that can pack the
+    request on devices already partly used go first, the tightest of them first."""
+    if shares is None:
+        return (free,)
+    partial = sorted(room for room, is_free in rooms if not is_free and room >= shares)
+    return (max(0, per_node - len(partial)), sum(partial[:per_node]), free)
+
+
+def _kinds(
+    pool: Pool, judge: Judge, per_node: int, device_name: str | None, shares: int | None
+) -> list[_Kind]:
     """Each signature of the pool judged once: a class is looked up once per profile on
     a signature, so the work grows with the signatures, not with the nodes."""
     kinds = []
@@ -468,7 +627,16 @@ def _kinds(pool: Pool, judge: Judge, per_node: int, device_name: str | None) -> 
     for (host, reported, names), agents in pool.buckets():
         platform = judge.platform_of(host, reported)
         host_class = classify(host, None, platform).key
-        spare = sum(n_free for _, counts in names for _, _, n_free in counts)
+        free_devices = sum(n_free for _, counts in names for _, _, n_free, _ in counts)
+        rooms = [
+            room
+            for name, counts in names
+            if shares is not None and (device_name is None or name == device_name)
+            for *_, each in counts
+            for room, count in each
+            for _ in range(count)
+        ]
+        spare = _spare(rooms, free_devices, per_node, shares)
         offers = []
         if per_node > 0:
             for name, counts in names:
@@ -476,11 +644,11 @@ def _kinds(pool: Pool, judge: Judge, per_node: int, device_name: str | None) -> 
                     continue
                 free: dict[str, int] = {}
                 total: dict[str, int] = {}
-                for profile, n, n_free in counts:
+                for profile, n, n_free, each in counts:
                     class_key = classify(host, profile, platform).key
                     total[class_key] = total.get(class_key, 0) + n
-                    if n_free:
-                        free[class_key] = free.get(class_key, 0) + n_free
+                    if usable := _usable(n_free, each, shares):
+                        free[class_key] = free.get(class_key, 0) + usable
                 offers.append(_Offer(name, free, total))
         kinds.append(_Kind(agents, spare, host_class, tuple(offers)))
     return kinds
@@ -497,16 +665,31 @@ class _Unit:
     device_name: str | None  # None when no device is taken
     devices: Sequence[Device]  # every device of that name, free or not
     class_of: Mapping[ProfileKey, str]  # device profile -> class key, on this node's host
-    free: Mapping[str, int]  # class key -> free devices of that class
+    free: Mapping[str, int]  # class key -> usable devices of that class
     host_class: str  # the class of the host lists alone
-    spare: int  # free devices on the node under every name: the best-fit measure
+    spare: Spare  # the best-fit measure (_Kind.spare)
     platform: str | None  # reported, or implied by the host lists (Judge.platform)
+    shares: int | None = None  # asked of each device; None: whole devices
+
+    def usable(self, device: Device) -> bool:
+        return device.free if self.shares is None else device.room >= self.shares
+
+    def order(self, device: Device) -> tuple[Any, ...]:
+        """Whole devices by id; shares best-fit: partly used ones first, least room first."""
+        if self.shares is None:
+            return _device_order(device)
+        return (device.free, device.room, _device_order(device))
 
     def free_of(self, class_key: str) -> list[Device]:
-        return [d for d in self.devices if d.free and self.class_of[d.profile] == class_key]
+        return [d for d in self.devices if self.usable(d) and self.class_of[d.profile] == class_key]
+
+    def pick(self, devices: Sequence[Device], count: int) -> tuple[Device, ...]:
+        return tuple(sorted(devices, key=self.order)[:count])
 
 
-def _unit(node: Node, judge: Judge, device_name: str | None, spare: int) -> _Unit:
+def _unit(
+    node: Node, judge: Judge, device_name: str | None, spare: Spare, shares: int | None = None
+) -> _Unit:
     """The node's offer under ``device_name`` (None: no device is taken), device by device:
     made only for the nodes a plan picks."""
     platform = judge.platform(node)
@@ -519,18 +702,13 @@ def _unit(node: Node, judge: Judge, device_name: str | None, spare: int) -> _Uni
         if class_key is None:
             class_key = judge.classify(node.host, device.profile, platform).key
             class_of[device.profile] = class_key
-        if device.free:
+        if device.free if shares is None else device.room >= shares:
             free[class_key] = free.get(class_key, 0) + 1
-    return _Unit(node, device_name, devices, class_of, free, host_class, spare, platform)
+    return _Unit(node, device_name, devices, class_of, free, host_class, spare, platform, shares)
 
 
 def _device_order(device: Device) -> tuple[tuple[int, int | str], ...]:
     return natural_key(device.device_id)
-
-
-def _first(devices: Sequence[Device], count: int) -> tuple[Device, ...]:
-    """The first ``count`` devices in id order (``GPU-2`` before ``GPU-10``)."""
-    return tuple(sorted(devices, key=_device_order)[:count])
 
 
 # --------------------------------------------------------------------------- plan
@@ -543,15 +721,23 @@ def plan(
     devices_per_node: int,
     *,
     device_name: str | None = None,
+    shares: int | None = None,
+    only: str | None = None,
 ) -> Plan | Refusal:
-    """The placement the rule in this module's docstring picks, or why there is none."""
+    """The placement the rule in this module's docstring picks, or why there is none.
+
+    ``shares``: of each device, in millionths (``documents.SHARE``); None: whole devices.
+    ``only``: the one candidate (label, or ``BARE``) that may be chosen (a replacement
+    keeping its gang's variant)."""
     judge = Judge(index, pool.profiles)
-    kinds = _kinds(pool, judge, devices_per_node, device_name)
+    kinds = _kinds(pool, judge, devices_per_node, device_name, shares)
     reference = select(index, virtual_host(index)).ranked
-    search = _Search(pool, judge, kinds, reference, nodes, devices_per_node, device_name)
+    if only is not None:
+        reference = [c for c in reference if candidate_key(c) == only]
+    search = _Search(pool, judge, kinds, reference, nodes, devices_per_node, device_name, shares)
     found = search.homogeneous() or search.mixed()
     if found is not None:
-        return _on_platform(found, index)
+        return _on_platform(replace(found, shares=shares), index)
     return Refusal(search.reasons(index))
 
 
@@ -574,7 +760,7 @@ class _Pick:
 
     cost: int  # the worst rank of the candidate over the chosen devices
     classes: int  # distinct device classes among them
-    spare: int
+    spare: Spare
     agent_id: str
     unit: _Unit = field(compare=False)
     devices: tuple[Device, ...] = field(compare=False)
@@ -610,8 +796,10 @@ class _Search:
         nodes: int,
         per_node: int,
         device_name: str | None,
+        shares: int | None = None,
     ) -> None:
         self.pool = pool
+        self.shares = shares
         self.judge = judge
         self.kinds = kinds
         self.classes = judge.classes
@@ -664,11 +852,11 @@ class _Search:
             return None
         _, name, class_key = min(options)
         device_name = name if self.per_node > 0 else None
-        runs = [((kind.spare,), kind, device_name) for kind in groups[(name, class_key)]]
+        runs = [(kind.spare, kind, device_name) for kind in groups[(name, class_key)]]
         picks = []
         for _, agent, kind, _ in self._take(runs):
-            unit = _unit(self.pool.node(agent), self.judge, device_name, kind.spare)
-            devices = _first(unit.free_of(class_key), self.per_node)
+            unit = _unit(self.pool.node(agent), self.judge, device_name, kind.spare, self.shares)
+            devices = unit.pick(unit.free_of(class_key), self.per_node)
             picks.append(_Pick(1, 1, kind.spare, agent, unit, devices))
         return self._plan(self.classes[class_key].first_choice, picks, True)
 
@@ -707,9 +895,9 @@ class _Search:
         if sum(n for k, n in unit.free.items() if ranks[k] is not None) < self.per_node:
             return None
         fitting = sorted(
-            (rank, -unit.free[class_key], class_key, _device_order(d), d)
+            (rank, -unit.free[class_key], class_key, unit.order(d), d)
             for d in unit.devices
-            if d.free and (rank := ranks[class_key := unit.class_of[d.profile]]) is not None
+            if unit.usable(d) and (rank := ranks[class_key := unit.class_of[d.profile]]) is not None
         )
         chosen = fitting[: self.per_node]
         classes = len({class_key for _, _, class_key, _, _ in chosen})
@@ -727,7 +915,7 @@ class _Search:
                 offer = self._kind_offer(key, kind)
                 if offer is not None:
                     cost, classes, name = offer
-                    runs.append(((cost, classes, kind.spare), kind, name))
+                    runs.append(((cost, classes, *kind.spare), kind, name))
                     able += len(kind.agents)
             if able < self.nodes:
                 continue
@@ -742,7 +930,8 @@ class _Search:
         _, key, taken = best
         picks = []
         for order, agent, kind, name in taken:
-            pick = self._offer(key, _unit(self.pool.node(agent), self.judge, name, kind.spare))
+            unit = _unit(self.pool.node(agent), self.judge, name, kind.spare, self.shares)
+            pick = self._offer(key, unit)
             assert pick is not None and (pick.cost, pick.classes) == order[:2], (agent, key)
             picks.append(pick)
         if self.per_node == 0:
@@ -778,6 +967,11 @@ class _Search:
             return reason.replace("this host", "this device")
         if fitting < self.per_node:
             return f"only {_plural(fitting, 'device')} fit{'s' if fitting == 1 else ''} it"
+        if self.shares is not None:
+            return (
+                f"only {free} of its {fitting} fitting devices have "
+                f"{_share_text(self.shares)} shares free"
+            )
         return f"only {free} of its {fitting} fitting devices are free"
 
     def reasons(self, index: VariantIndex) -> dict[str, str]:
@@ -809,6 +1003,11 @@ class _Search:
     def _sentence(self, able: _Agents, why: Mapping[str, _Agents], scope: str) -> str:
         if self.per_node == 0:
             need = f"needs {_plural(self.nodes, 'node')} whose host fits it"
+        elif self.shares is not None:
+            devices = _plural(self.per_node, "device")
+            shares = _share_text(self.shares)
+            need = f"needs {_plural(self.nodes, 'node')} with {devices} fitting it, "
+            need += f"{shares} shares free on each"
         else:
             devices = _plural(self.per_node, "free device")
             need = f"needs {_plural(self.nodes, 'node')} with {devices} fitting it"
@@ -824,6 +1023,10 @@ class _Search:
         if rest := sum(len(agents) for _, agents in groups[_SHOWN_GROUPS:]):
             parts.append(f"{_plural(rest, 'more agent')} for other reasons")
         return "; ".join([need, have, *parts])
+
+
+def _share_text(units: int) -> str:
+    return f"{units / SHARE:g}"
 
 
 def _plural(count: int, word: str) -> str:

@@ -16,6 +16,16 @@ commits, at a cost that does not grow with the fleet. A change committed by anot
 (a replica on the same database) shows as a version this process did not make: a new
 allocation version re-reads the allocations, a new pool version the whole pool. With an
 agent TTL, a placement also reads every agent's last heartbeat, as before.
+
+Shares: a device in use has a ``device_usage`` row whose check (``used <= capacity``) and
+primary key the database enforces (see ``models``), so concurrent placements, replicas
+included, can never over-commit a device; the loser replans as above.
+
+Failures: a report that marks an allocated device unhealthy or leaves it out, and an agent
+whose heartbeat lapses past the TTL (noticed when placements are read), make the placements
+holding them ``degraded``, with the reason and the time; they stay so until ``replace``
+moves them onto healthy devices (in one transaction: the old devices are freed as the new
+ones are taken) or they are deleted.
 """
 
 from __future__ import annotations
@@ -33,10 +43,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, insert, select
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    bindparam,
+    case,
+    delete,
+    func,
+    insert,
+    inspect,
+    select,
+)
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 
+from docker_variant.errors import InvalidInputError
 from docker_variant.scheduler.database import (
     RETRYABLE_SQLSTATES,
     WRITE,
@@ -45,11 +67,17 @@ from docker_variant.scheduler.database import (
     sqlstate,
     unavailable,
 )
-from docker_variant.scheduler.documents import AgentReport, PlacementRequest
+from docker_variant.scheduler.documents import (
+    SHARE,
+    AgentReport,
+    PlacementRequest,
+    parse_placement_request,
+)
 from docker_variant.scheduler.models import (
     agents,
     allocation_version,
     allocations,
+    device_usage,
     devices,
     metadata,
     placements,
@@ -58,24 +86,28 @@ from docker_variant.scheduler.models import (
 )
 from docker_variant.scheduler.placement import (
     BARE,
+    WHOLE,
     Device,
     DeviceKey,
     Node,
+    NodeAllocation,
     Plan,
     Pool,
     ProfileKey,
     Refusal,
     natural_key,
     plan,
+    pool_shares,
     profile_key,
 )
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.model import SupportedLists
 from docker_variant.variant.selection import Candidate
 
-__all__ = ["DEFAULT_ATTEMPTS", "Store"]
+__all__ = ["DEFAULT_ATTEMPTS", "STATES", "Store"]
 
 DEFAULT_ATTEMPTS = 5
+STATES = ("active", "degraded")  # a placement's
 _IN_BATCH = 500
 
 _CACHED_POOLS = 64  # resource groups whose devices are kept in memory
@@ -117,19 +149,40 @@ def _bump_pool_version(conn: Connection) -> int:
     return _bump(conn, pool_version)
 
 
+_Member = tuple[str, ProfileKey, int, bool]  # device id, profile, capacity, healthy
+Usage = dict[tuple[str, str], int]  # (device name, device id) -> in use (millionths, or WHOLE)
+
+
 def _node(
     agent_id: str,
     host: ProfileKey,
-    members: Mapping[str, Sequence[tuple[str, ProfileKey]]],
+    members: Mapping[str, Sequence[_Member]],
     platform: str | None,
-    held: set[tuple[str, str]],
+    held: Mapping[tuple[str, str], int],
 ) -> Node:
-    """A node from its rows; ``held``: its allocated (device name, device id)."""
-    devices = {
-        name: [Device(d, p, (name, d) not in held) for d, p in sorted(ids)]
-        for name, ids in members.items()
-    }
+    """A node from its rows; ``held``: what its allocated devices have in use."""
+    devices: dict[str, list[Device]] = {}
+    for name, ids in members.items():
+        devices[name] = []
+        for device_id, profile, capacity, healthy in sorted(ids):
+            used = held.get((name, device_id), 0)
+            free = healthy and not used
+            room = max(0, capacity - used) if healthy else 0
+            devices[name].append(Device(device_id, profile, free, room, capacity, healthy))
     return Node(agent_id, host, devices, platform)
+
+
+def _usage(rows: Any) -> dict[DeviceKey, int]:
+    """What each device has in use, from (agent, name, device, shares) allocation rows."""
+    used: dict[DeviceKey, int] = {}
+    for agent, name, device_id, shares in rows:
+        key = (agent, name, device_id)
+        used[key] = WHOLE if shares is None else min(WHOLE, used.get(key, 0) + shares)
+    return used
+
+
+def _shares_out(units: int) -> float:
+    return round(units / SHARE, 6)
 
 
 def _iso(timestamp: float) -> str:
@@ -144,6 +197,117 @@ def _sorted(ids: Sequence[str]) -> list[str]:
 
 class _Stale(Exception):
     """The plan's view of the pool changed before it could commit."""
+
+
+def _grouped(
+    changes: Sequence[tuple[DeviceKey, int | None]], allocate: bool
+) -> list[tuple[list[DeviceKey], int | None, bool]]:
+    by_shares: dict[int | None, list[DeviceKey]] = {}
+    for key, shares in changes:
+        by_shares.setdefault(shares, []).append(key)
+    return [(keys, shares, allocate) for shares, keys in by_shares.items()]
+
+
+_DEGRADE = (
+    placements.update()
+    .where(placements.c.id == bindparam("p"), placements.c.state == "active")
+    .values(state="degraded", degraded_reason=bindparam("r"), degraded_since=bindparam("t"))
+)
+
+
+def _degrade(conn: Connection, reasons: Mapping[str, tuple[str, float]]) -> None:
+    """Mark active placements degraded: placement id -> (reason, since)."""
+    if reasons:
+        rows = [{"p": p, "r": reason, "t": since} for p, (reason, since) in sorted(reasons.items())]
+        conn.execute(_DEGRADE, rows)
+
+
+def _take(conn: Connection, placement_id: str, plan_: Plan) -> list[tuple[DeviceKey, int | None]]:
+    """Insert the allocation rows of ``plan_`` and the devices' usage; the database refuses
+    (IntegrityError) a device taken whole twice, or shares past a device's capacity."""
+    keyed = sorted(
+        ((a.agent_id, a.device_name or "", d.device_id), d.capacity)
+        for a in plan_.allocations
+        for d in a.devices
+    )
+    if not keyed:  # in key order, so that racing writers cannot deadlock
+        return []
+    shares = plan_.shares
+    conn.execute(
+        insert(allocations),
+        [
+            {
+                "agent_id": agent_id,
+                "device_name": name,
+                "device_id": device_id,
+                "placement_id": placement_id,
+                "shares": shares,
+            }
+            for (agent_id, name, device_id), _ in keyed
+        ],
+    )
+    rows = [
+        {
+            "agent_id": agent_id,
+            "device_name": name,
+            "device_id": device_id,
+            "used": capacity if shares is None else shares,
+            "capacity": capacity,
+            "whole": shares is None,
+        }
+        for (agent_id, name, device_id), capacity in keyed
+    ]
+    if shares is None:  # the primary key refuses a device anything else uses
+        conn.execute(insert(device_usage), rows)
+    else:  # the check refuses the sum past the capacity, and any share of a whole device
+        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+        upsert = dialect.insert(device_usage)
+        conn.execute(
+            upsert.on_conflict_do_update(
+                index_elements=[
+                    device_usage.c.agent_id,
+                    device_usage.c.device_name,
+                    device_usage.c.device_id,
+                ],
+                set_={"used": device_usage.c.used + upsert.excluded.used},
+            ),
+            rows,
+        )
+    return [(key, shares) for key, _ in keyed]
+
+
+def _free(conn: Connection, which: Any) -> list[tuple[DeviceKey, int | None]]:
+    """Delete the allocation rows ``which`` selects and give their devices' usage back."""
+    query = select(
+        allocations.c.agent_id,
+        allocations.c.device_name,
+        allocations.c.device_id,
+        allocations.c.shares,
+    ).where(which)
+    freed = [((a, n, d), s) for a, n, d, s in conn.execute(query)]
+    if not freed:
+        return []
+    conn.execute(delete(allocations).where(which))
+    key = and_(
+        device_usage.c.agent_id == bindparam("a"),
+        device_usage.c.device_name == bindparam("n"),
+        device_usage.c.device_id == bindparam("d"),
+    )
+    rows = [
+        {"a": a, "n": n, "d": d, "s": s or 0} for (a, n, d), s in sorted(freed, key=lambda f: f[0])
+    ]
+    partly = [row for row in rows if row["s"]]
+    if partly:
+        give_back = (
+            device_usage.update().where(key).values(used=device_usage.c.used - bindparam("s"))
+        )
+        conn.execute(give_back, partly)
+    # a device taken whole, or whose last share went, is unused
+    conn.execute(
+        device_usage.delete().where(key, (device_usage.c.used <= 0) | device_usage.c.whole),
+        [{"a": r["a"], "n": r["n"], "d": r["d"]} for r in rows],
+    )
+    return freed
 
 
 class Store:
@@ -180,6 +344,13 @@ class Store:
         store = cls(engine, **kwargs)
         with unavailable("creating the tables", store.url):
             metadata.create_all(engine)
+            # create_all adds missing tables, not columns: a database from before shares
+            if "shares" not in {c["name"] for c in inspect(engine).get_columns("allocations")}:
+                engine.dispose()
+                raise InvalidInputError(
+                    f"database {store.url} was made by an older variant-scheduler (no device "
+                    "shares, health or placement states); start on a new database"
+                )
             with store._write("creating the tables") as conn:
                 for table in (pool_version, allocation_version):
                     seed = store._insert(conn, table).values(id=1, version=0)
@@ -226,9 +397,10 @@ class Store:
 
     def report_agent(self, report: AgentReport) -> dict[str, Any]:
         """Record a heartbeat: the agent's lists and devices replace the previous report;
-        allocations are untouched (a vanished allocated device is reported as missing)."""
+        allocations are untouched (a vanished allocated device is reported as missing), but
+        the placements holding a device now unhealthy or missing become degraded."""
         documents = {profile_key(report.host): report.host}
-        rows = []
+        rows: list[dict[str, Any]] = []
         for name, members in report.devices.items():
             for device_id, lists in members.items():
                 key = profile_key(lists)
@@ -239,6 +411,8 @@ class Store:
                         "device_name": name,
                         "device_id": device_id,
                         "profile": key,
+                        "capacity": report.capacity.get((name, device_id), SHARE),
+                        "healthy": (name, device_id) not in report.unhealthy,
                     }
                 )
         now = self.clock()
@@ -260,22 +434,25 @@ class Store:
         self,
         conn: Connection,
         report: AgentReport,
-        rows: list[dict[str, str]],
+        rows: list[dict[str, Any]],
         documents: Mapping[ProfileKey, SupportedLists],
         now: float,
-    ) -> tuple[int, set[tuple[str, str]]]:
-        """Write the report: the new pool version and the agent's allocated devices when
-        it changed the agent, else (0, empty)."""
+    ) -> tuple[int, Usage]:
+        """Write the report: the new pool version and what the agent's allocated devices
+        have in use when it changed the agent, else (0, empty)."""
         group, host, platform = report.resource_group, profile_key(report.host), report.platform
-        reported = {(r["device_name"], r["device_id"]): r["profile"] for r in rows}
+        reported = {
+            (r["device_name"], r["device_id"]): (r["profile"], r["capacity"], r["healthy"])
+            for r in rows
+        }
         before = conn.execute(
             select(agents.c.resource_group, agents.c.host_profile, agents.c.platform).where(
                 agents.c.agent_id == report.agent_id
             )
         ).first()
         known = {
-            (name, device_id): profile
-            for _, name, device_id, profile in conn.execute(
+            (name, device_id): (profile, capacity, bool(healthy))
+            for _, name, device_id, profile, capacity, healthy in conn.execute(
                 select(devices).where(devices.c.agent_id == report.agent_id)
             )
         }
@@ -303,24 +480,69 @@ class Store:
             )
         )
         if not changed:
-            return 0, set()
+            return 0, {}
         conn.execute(delete(devices).where(devices.c.agent_id == report.agent_id))
         if rows:
             conn.execute(insert(devices), rows)
-        held = conn.execute(
-            select(allocations.c.device_name, allocations.c.device_id).where(
-                allocations.c.agent_id == report.agent_id
+        resized = [
+            {"a": report.agent_id, "n": name, "d": device_id, "c": capacity}
+            for (name, device_id), (_, capacity, _) in reported.items()
+            if (name, device_id) in known and known[(name, device_id)][1] != capacity
+        ]
+        if resized:  # a device partly used keeps at least what it has in use
+            conn.execute(
+                device_usage.update()
+                .where(
+                    device_usage.c.agent_id == bindparam("a"),
+                    device_usage.c.device_name == bindparam("n"),
+                    device_usage.c.device_id == bindparam("d"),
+                    device_usage.c.whole.is_(False),
+                )
+                .values(
+                    capacity=case(
+                        (device_usage.c.used <= bindparam("c"), bindparam("c")),
+                        else_=device_usage.c.used,
+                    )
+                ),
+                resized,
             )
-        )
-        return _bump_pool_version(conn), {(name, device_id) for name, device_id in held}
+        held_rows = conn.execute(
+            select(
+                allocations.c.device_name,
+                allocations.c.device_id,
+                allocations.c.placement_id,
+                allocations.c.shares,
+            ).where(allocations.c.agent_id == report.agent_id)
+        ).all()
+        degraded: dict[str, tuple[str, float]] = {}
+        for name, device_id, placement_id, _ in held_rows:
+            state = reported.get((name, device_id))
+            trouble = "no longer reported" if state is None else None if state[2] else "unhealthy"
+            if trouble is not None and placement_id not in degraded:
+                reason = f"agent {report.agent_id}: device {name}/{device_id} is {trouble}"
+                degraded[placement_id] = (reason, now)
+        _degrade(conn, degraded)
+        held = {
+            (name, device_id): used
+            for (_, name, device_id), used in _usage(
+                (report.agent_id, n, d, shares) for n, d, _, shares in held_rows
+            ).items()
+        }
+        return _bump_pool_version(conn), held
 
-    def _apply_report(
-        self, version: int, report: AgentReport, held: set[tuple[str, str]], now: float
-    ) -> None:
+    def _apply_report(self, version: int, report: AgentReport, held: Usage, now: float) -> None:
         """A report this process committed as pool ``version``, into the pools in memory
         that were current just before it (the others are re-read on their next plan)."""
         members = {
-            name: [(device_id, profile_key(lists)) for device_id, lists in ids.items()]
+            name: [
+                (
+                    device_id,
+                    profile_key(lists),
+                    report.capacity.get((name, device_id), SHARE),
+                    (name, device_id) not in report.unhealthy,
+                )
+                for device_id, lists in ids.items()
+            ]
             for name, ids in report.devices.items()
         }
         agent = report.agent_id
@@ -337,16 +559,22 @@ class Store:
                 memory.last_seen.pop(agent, None)
             memory.pool_version = version
 
-    def _apply_allocations(self, version: int, keys: Sequence[DeviceKey], taken: bool) -> None:
-        """Devices this process allocated (or freed) as allocation ``version``, into the
-        pools in memory that were current just before it."""
+    def _apply_allocations(
+        self,
+        version: int,
+        freed: Sequence[tuple[DeviceKey, int | None]] = (),
+        taken: Sequence[tuple[DeviceKey, int | None]] = (),
+    ) -> None:
+        """Devices this process freed and allocated (whole: None, or the shares) as
+        allocation ``version``, into the pools in memory that were current just before it."""
         for memory in self._pools.values():
             if memory.allocation_version != version - 1:
                 continue
-            if taken:
-                memory.pool.allocate(keys)
-            else:
-                memory.pool.release(keys)
+            for keys, shares, allocate in (*_grouped(freed, False), *_grouped(taken, True)):
+                if allocate:
+                    memory.pool.allocate(keys, shares)
+                else:
+                    memory.pool.release(keys, shares)
             memory.allocation_version = version
 
     def _profile_documents(self, conn: Connection, keys: set[ProfileKey]) -> None:
@@ -397,26 +625,47 @@ class Store:
                     {r.host_profile for r in agent_rows} | {r.profile for r in device_rows},
                 )
         now = self.clock()
-        reported: dict[str, dict[str, dict[str, ProfileKey]]] = {}
+        reported: dict[str, dict[str, dict[str, Any]]] = {}
         for row in device_rows:
             reported.setdefault(row.agent_id, {}).setdefault(row.device_name, {})[row.device_id] = (
-                row.profile
+                row
             )
-        taken: dict[str, dict[str, dict[str, str]]] = {}
+        taken: dict[str, dict[str, dict[str, list[str]]]] = {}
+        usage = _usage((r.agent_id, r.device_name, r.device_id, r.shares) for r in allocation_rows)
         for row in allocation_rows:
-            taken.setdefault(row.agent_id, {}).setdefault(row.device_name, {})[row.device_id] = (
-                row.placement_id
-            )
+            held_by = taken.setdefault(row.agent_id, {}).setdefault(row.device_name, {})
+            held_by.setdefault(row.device_id, []).append(row.placement_id)
         views = []
         for row in agent_rows:
             mine, busy = reported.get(row.agent_id, {}), taken.get(row.agent_id, {})
             summary = {}
+            unhealthy: dict[str, list[str]] = {}
+            shares: dict[str, dict[str, Any]] = {}
             for name in sorted(set(mine) | set(busy), key=natural_key):
                 ids, held = mine.get(name, {}), busy.get(name, {})
+                sick = [i for i, device in ids.items() if not device.healthy]
                 summary[name] = {
-                    "free": _sorted([i for i in ids if i not in held]),
+                    "free": _sorted([i for i in ids if i not in held and i not in sick]),
                     "allocated": _sorted([i for i in ids if i in held]),
                     "missing": _sorted([i for i in held if i not in ids]),
+                }
+                if sick:
+                    unhealthy[name] = _sorted(sick)
+                if not ids:
+                    continue
+                capacity = free = 0
+                partly: dict[str, float] = {}
+                for device_id, device in ids.items():
+                    in_use = usage.get((row.agent_id, name, device_id), 0)
+                    room = max(0, device.capacity - in_use) if device.healthy else 0
+                    capacity += device.capacity
+                    free += room
+                    if in_use and room:
+                        partly[device_id] = _shares_out(room)
+                shares[name] = {
+                    "capacity": _shares_out(capacity),
+                    "free": _shares_out(free),
+                    "partly_used": {i: partly[i] for i in _sorted(list(partly))},
                 }
             view: dict[str, Any] = {
                 "agent_id": row.agent_id,
@@ -426,19 +675,35 @@ class Store:
                 "alive": self._alive(row.last_seen, now),
                 "platform": row.platform,
                 "devices": summary,
+                "unhealthy": unhealthy,
+                "shares": shares,
             }
             if detail:
                 view["host"] = self._profiles[row.host_profile]
                 view["device_lists"] = {
-                    name: {i: self._profiles[p] for i, p in sorted(ids.items())}
+                    name: {i: self._profiles[d.profile] for i, d in sorted(ids.items())}
                     for name, ids in sorted(mine.items())
                 }
-                view["placements"] = sorted({p for held in busy.values() for p in held.values()})
+                view["placements"] = sorted(
+                    {p for held in busy.values() for ps in held.values() for p in ps}
+                )
             views.append(view)
         return views
 
     def list_agents(self, resource_group: str | None = None) -> list[dict[str, Any]]:
         return self._views(resource_group, None, detail=False)
+
+    def pool_summary(self, resource_group: str | None = None) -> dict[str, Any]:
+        """The free shares of the live pool (of ``resource_group``), and its fragmentation:
+        the share of the free capacity that no whole-device request can use."""
+        with self._read("reading the pool") as conn, self._memory:
+            figures = pool_shares(self._synced(conn, resource_group))
+        return {
+            "capacity_shares": _shares_out(figures.capacity),
+            "free_shares": _shares_out(figures.free),
+            "stranded_shares": _shares_out(figures.stranded),
+            "fragmentation": round(figures.fragmentation, 4),
+        }
 
     def get_agent(self, agent_id: str) -> dict[str, Any] | None:
         views = self._views(None, agent_id, detail=True)
@@ -469,21 +734,23 @@ class Store:
         agent_rows, device_rows, allocation_rows = self._agent_rows(conn, resource_group)
         # rows unpacked as tuples (columns in table order): named access costs ~5x more
         used = {host for _, _, host, _, _, _ in agent_rows}
-        used |= {profile for _, _, _, profile in device_rows}
+        used |= {profile for _, _, _, profile, _, _ in device_rows}
         self._profile_documents(conn, used)
-        by_agent: dict[str, dict[str, list[tuple[str, ProfileKey]]]] = {}
-        for agent, name, device, profile in device_rows:
-            by_agent.setdefault(agent, {}).setdefault(name, []).append((device, profile))
-        held: dict[str, set[tuple[str, str]]] = {}
-        for agent, name, device, _ in allocation_rows:
-            held.setdefault(agent, set()).add((name, device))
+        by_agent: dict[str, dict[str, list[_Member]]] = {}
+        for agent, name, device, profile, capacity, healthy in device_rows:
+            member = (device, profile, capacity, bool(healthy))
+            by_agent.setdefault(agent, {}).setdefault(name, []).append(member)
+        usage = _usage((a, n, d, shares) for a, n, d, _, shares in allocation_rows)
+        held: dict[str, Usage] = {}
+        for (agent, name, device), in_use in usage.items():
+            held.setdefault(agent, {})[(name, device)] = in_use
         nodes = [
-            _node(agent, host, by_agent.get(agent, {}), platform, held.get(agent, set()))
+            _node(agent, host, by_agent.get(agent, {}), platform, held.get(agent, {}))
             for agent, _, host, _, _, platform in agent_rows
         ]
         scope = f" in resource group {resource_group!r}" if resource_group is not None else ""
         pool = Pool(nodes, self._profiles, {}, scope)
-        pool.allocate((agent, name, device) for agent, name, device, _ in allocation_rows)
+        pool.set_usage(usage)
         last_seen = {agent: seen for agent, _, _, _, seen, _ in agent_rows}
         memory = _Memory(pool, pool_v, allocation_v, last_seen)
         if self.agent_ttl > 0:
@@ -495,7 +762,12 @@ class Store:
         return memory
 
     def _allocation_query(self, resource_group: str | None) -> Any:
-        query = select(allocations.c.agent_id, allocations.c.device_name, allocations.c.device_id)
+        query = select(
+            allocations.c.agent_id,
+            allocations.c.device_name,
+            allocations.c.device_id,
+            allocations.c.shares,
+        )
         if resource_group is not None:
             group = select(agents.c.agent_id).where(agents.c.resource_group == resource_group)
             query = query.where(allocations.c.agent_id.in_(group))
@@ -505,10 +777,11 @@ class Store:
         self, conn: Connection, resource_group: str | None, memory: _Memory, allocation_v: int
     ) -> None:
         """Another process placed or freed devices: read the allocations, apply the change."""
-        now = {(a, n, d) for a, n, d in conn.execute(self._allocation_query(resource_group))}
-        before = set(memory.pool.allocations())
-        memory.pool.release(before - now)
-        memory.pool.allocate(now - before)
+        now = _usage(conn.execute(self._allocation_query(resource_group)))
+        before = memory.pool.usage()
+        changed = {key: used for key, used in now.items() if before.get(key) != used}
+        changed |= {key: 0 for key in before.keys() - now.keys()}
+        memory.pool.set_usage(changed)
         memory.allocation_version = allocation_v
 
     def _check_heartbeats(self, conn: Connection, memory: _Memory) -> None:
@@ -577,14 +850,18 @@ class Store:
                         request.nodes,
                         request.devices_per_node,
                         device_name=request.device_name,
+                        shares=request.shares,
                     )
                 if isinstance(outcome, Refusal):
                     return outcome
                 document = self._document(outcome, request, image_of, owner)
-                if self._commit(outcome, document):
+                if self._commit(outcome, document, request):
                     return document
             label = outcome.candidate.label or BARE
             time.sleep(random.uniform(0, 0.005 * 2**attempt))  # let the winner finish
+        return self._lost(label)
+
+    def _lost(self, label: str) -> Refusal:
         return Refusal(
             {
                 label: f"the devices it was given were taken by concurrent placements "
@@ -600,7 +877,7 @@ class Store:
         owner: str,
     ) -> dict[str, Any]:
         candidate = chosen.candidate
-        return {
+        document: dict[str, Any] = {
             "id": uuid.uuid4().hex,
             "owner": owner,  # the client (token name) that made it
             "variant": candidate.label,  # None for the bare image
@@ -612,20 +889,18 @@ class Store:
             "nodes": request.nodes,
             "devices_per_node": request.devices_per_node,
             "created_at": _iso(self.clock()),
-            "allocations": [
-                {
-                    "agent_id": a.agent_id,
-                    "device_name": a.device_name,
-                    "devices": [d.device_id for d in a.devices],
-                }
-                for a in chosen.allocations
-            ],
+            "state": "active",
+            "allocations": _allocations(chosen.allocations),
         }
+        if request.shares is not None:
+            document["shares_per_device"] = _shares_out(request.shares)
+        return document
 
     def _check(self, conn: Connection, chosen: Plan) -> None:
-        """The planned agents still have the host lists, and the devices the lists, planned.
-        On PostgreSQL the agents' rows are share-locked, so no report can change them before
-        this transaction ends (SQLite: BEGIN IMMEDIATE already excludes every writer)."""
+        """The planned agents still have the host lists, and the devices the lists, capacity
+        and health, planned. On PostgreSQL the agents' rows are share-locked, so no report
+        can change them before this transaction ends (SQLite: BEGIN IMMEDIATE already
+        excludes every writer)."""
         agent_ids = sorted({a.agent_id for a in chosen.allocations})
         locked = (
             select(agents.c.agent_id, agents.c.host_profile)
@@ -637,23 +912,27 @@ class Store:
         if hosts != {a.agent_id: a.host for a in chosen.allocations}:
             raise _Stale()
         planned = {
-            (a.agent_id, a.device_name or "", d.device_id): d.profile
+            (a.agent_id, a.device_name or "", d.device_id): (d.profile, d.capacity, True)
             for a in chosen.allocations
             for d in a.devices
         }
         if planned:
             rows = conn.execute(select(devices).where(devices.c.agent_id.in_(agent_ids))).all()
-            present = {(r.agent_id, r.device_name, r.device_id): r.profile for r in rows}
-            if any(present.get(key) != profile for key, profile in planned.items()):
+            present = {
+                (r.agent_id, r.device_name, r.device_id): (r.profile, r.capacity, bool(r.healthy))
+                for r in rows
+            }
+            if any(present.get(key) != state for key, state in planned.items()):
                 raise _Stale()
 
-    def _commit(self, chosen: Plan, document: Mapping[str, Any]) -> bool:
+    def _commit(
+        self,
+        chosen: Plan,
+        document: Mapping[str, Any],
+        request: PlacementRequest | None = None,
+    ) -> bool:
         """True when committed; False when the pool changed or a device was taken meanwhile."""
-        keys = sorted(
-            (a.agent_id, a.device_name or "", d.device_id)
-            for a in chosen.allocations
-            for d in a.devices
-        )
+        asked = None if request is None else json.dumps(request.to_json())
         try:
             with contextlib.ExitStack() as applying:
                 with self._write("recording a placement") as conn:
@@ -663,24 +942,14 @@ class Store:
                             id=document["id"],
                             created_at=self.clock(),
                             document=json.dumps(document),
+                            state="active",
+                            request=asked,
                         )
                     )
-                    if keys:  # in key order, so that racing inserts cannot deadlock
-                        conn.execute(
-                            insert(allocations),
-                            [
-                                {
-                                    "agent_id": agent_id,
-                                    "device_name": name,
-                                    "device_id": device_id,
-                                    "placement_id": document["id"],
-                                }
-                                for agent_id, name, device_id in keys
-                            ],
-                        )
+                    taken = _take(conn, document["id"], chosen)
                     version = _bump(conn, allocation_version)  # last: the row stays locked
                     applying.enter_context(self._memory)
-                self._apply_allocations(version, keys, taken=True)
+                self._apply_allocations(version, taken=taken)
         except (_Stale, sa_exc.IntegrityError):
             return False
         except sa_exc.OperationalError as error:
@@ -689,19 +958,237 @@ class Store:
             raise
         return True
 
+    # ------------------------------------------------------------------ reading placements
+
     def get_placement(self, placement_id: str) -> dict[str, Any] | None:
+        self._degrade_lapsed()
+        with self._read("reading a placement") as conn:
+            row = conn.execute(_PLACEMENT.where(placements.c.id == placement_id)).first()
+        return None if row is None else _shown(*row)
+
+    def list_placements(self, state: str | None = None) -> list[dict[str, Any]]:
+        """Every placement, oldest first; ``state``: only those in it (``STATES``)."""
+        self._degrade_lapsed()
+        query = _PLACEMENT.order_by(placements.c.created_at, placements.c.id)
+        if state is not None:
+            query = query.where(placements.c.state == state)
+        with self._read("listing placements") as conn:
+            return [_shown(*row) for row in conn.execute(query)]
+
+    def placement_states(self) -> dict[str, int]:
+        """How many placements are in each state (for /healthz)."""
+        self._degrade_lapsed()
+        query = select(placements.c.state, func.count()).group_by(placements.c.state)
+        with self._read("counting placements") as conn:
+            counts = dict.fromkeys(STATES, 0) | {state: n for state, n in conn.execute(query)}
+        return counts
+
+    def placement_request(self, placement_id: str) -> PlacementRequest | None:
+        """What the client asked for the placement (for ``replace``)."""
         with self._read("reading a placement") as conn:
             text = conn.execute(
-                select(placements.c.document).where(placements.c.id == placement_id)
+                select(placements.c.request).where(placements.c.id == placement_id)
             ).scalar_one_or_none()
-        return None if text is None else dict(json.loads(text))
+        if text is None:
+            return None
+        return parse_placement_request(json.loads(text))
 
-    def list_placements(self) -> list[dict[str, Any]]:
-        with self._read("listing placements") as conn:
-            texts = conn.execute(
-                select(placements.c.document).order_by(placements.c.created_at, placements.c.id)
-            ).scalars()
-            return [dict(json.loads(text)) for text in texts]
+    def _degrade_lapsed(self) -> None:
+        """Degrade the active placements holding devices of agents past the TTL, as of when
+        it lapsed (one indexed query; a write only when there is something to degrade)."""
+        if self.agent_ttl <= 0:
+            return
+        now = self.clock()
+        query = (
+            select(allocations.c.placement_id, agents.c.agent_id, agents.c.last_seen)
+            .select_from(
+                allocations.join(agents, allocations.c.agent_id == agents.c.agent_id).join(
+                    placements, allocations.c.placement_id == placements.c.id
+                )
+            )
+            .where(agents.c.last_seen < now - self.agent_ttl, placements.c.state == "active")
+            .distinct()
+        )
+        with self._read("reading heartbeats") as conn:
+            lapsed = sorted(conn.execute(query).all(), key=lambda row: (row[0], row[1]))
+        if not lapsed:
+            return
+        reasons: dict[str, tuple[str, float]] = {}
+        for placement_id, agent_id, last_seen in lapsed:
+            silent = f"no heartbeat for {int(now - last_seen)} s"
+            reason = f"agent {agent_id}: {silent} (agent TTL {self.agent_ttl:g} s)"
+            reasons.setdefault(placement_id, (reason, last_seen + self.agent_ttl))
+        with self._write("degrading placements") as conn:
+            _degrade(conn, reasons)
+
+    # ------------------------------------------------------------------ replacing
+
+    def replace(
+        self,
+        placement_id: str,
+        index: VariantIndex,
+        request: PlacementRequest,
+        image_of: Callable[[Candidate], str],
+    ) -> dict[str, Any] | Refusal | None:
+        """Move a degraded placement's troubled nodes onto healthy devices, all or nothing:
+        the same variant on the nodes still healthy where it can, else the whole gang placed
+        again by the usual rule (on the pool with its own devices counted free). The old
+        devices are freed in the transaction that takes the new ones. None: no placement."""
+        self._degrade_lapsed()
+        label = "?"
+        for attempt in range(self.attempts):
+            with self._placing:
+                with self._read("reading the pool") as conn:
+                    row = conn.execute(_PLACEMENT.where(placements.c.id == placement_id)).first()
+                    if row is None:
+                        return None
+                    own = sorted(
+                        ((a, n, d), s)
+                        for a, n, d, s in conn.execute(
+                            self._allocation_query(None).where(
+                                allocations.c.placement_id == placement_id
+                            )
+                        )
+                    )
+                    with self._memory:
+                        pool = self._synced(conn, request.resource_group).copy()
+                document = _shown(*row)
+                outcome, kept = self._replan(pool, document, own, index, request)
+                if isinstance(outcome, Refusal):
+                    return outcome
+                if outcome is None and document["state"] == "active":
+                    why = f"placement {placement_id} is active: nothing to replace"
+                    return Refusal({document["variant"] or BARE: why})
+                moved = [a for a in document["allocations"] if a not in kept]
+                new = self._replaced(document, outcome, kept, moved, image_of)
+                if self._commit_replace(placement_id, own, moved, outcome, new):
+                    return new
+            label = document["variant"] or BARE
+            time.sleep(random.uniform(0, 0.005 * 2**attempt))
+        return self._lost(label)
+
+    def _replan(
+        self,
+        pool: Pool,
+        document: Mapping[str, Any],
+        own: Sequence[tuple[DeviceKey, int | None]],
+        index: VariantIndex,
+        request: PlacementRequest,
+    ) -> tuple[Plan | Refusal | None, list[dict[str, Any]]]:
+        """(the plan for the nodes to move, or None when none need to; the allocations kept)
+        on ``pool``, a copy this changes."""
+        for keys, shares, _ in _grouped(own, False):
+            pool.release(keys, shares)
+        gang: list[dict[str, Any]] = document["allocations"]
+        troubled = [a for a in gang if pool.trouble(a["agent_id"], a["device_name"], a["devices"])]
+        if not troubled:
+            return None, gang
+        kept = [a for a in gang if a not in troubled]
+        for a in kept:  # a gang takes each node once
+            pool.park(a["agent_id"], "already in this placement")
+        per_node = request.devices_per_node
+        same = plan(
+            index,
+            pool,
+            len(troubled),
+            per_node,
+            device_name=gang[0]["device_name"] if per_node else None,
+            shares=request.shares,
+            only=document["variant"] or BARE,
+        )
+        if isinstance(same, Plan):
+            return same, kept
+        for a in kept:
+            pool.unpark(a["agent_id"])
+        again = plan(
+            index,
+            pool,
+            request.nodes,
+            per_node,
+            device_name=request.device_name,
+            shares=request.shares,
+        )
+        return again, []
+
+    def _replaced(
+        self,
+        document: Mapping[str, Any],
+        outcome: Plan | None,
+        kept: list[dict[str, Any]],
+        moved: list[dict[str, Any]],
+        image_of: Callable[[Candidate], str],
+    ) -> dict[str, Any]:
+        new = {key: value for key, value in document.items() if key != "degraded"}
+        new["state"] = "active"
+        if outcome is None:
+            return new
+        new["allocations"] = kept + _allocations(outcome.allocations)
+        if not kept:  # chosen again: the variant may differ
+            candidate = outcome.candidate
+            new["variant"] = candidate.label
+            new["image"] = image_of(candidate)
+            new["digest"] = candidate.digest or None
+            new["platform"] = candidate.platform
+            new["homogeneous"] = outcome.homogeneous
+        else:  # the kept nodes' classes are not judged again: homogeneous only if both were
+            new["homogeneous"] = bool(document.get("homogeneous")) and outcome.homogeneous
+        new["replaced"] = {
+            "at": _iso(self.clock()),
+            "agents": sorted({a["agent_id"] for a in moved}),
+            "reason": document.get("degraded", {}).get("reason"),
+        }
+        return new
+
+    def _commit_replace(
+        self,
+        placement_id: str,
+        own: Sequence[tuple[DeviceKey, int | None]],
+        moved: Sequence[Mapping[str, Any]],
+        outcome: Plan | None,
+        document: Mapping[str, Any],
+    ) -> bool:
+        """True when committed; False when the placement, the pool or a device changed."""
+        mine = allocations.c.placement_id == placement_id
+        try:
+            with contextlib.ExitStack() as applying:
+                with self._write(f"replacing placement {placement_id}") as conn:
+                    now = sorted(
+                        ((a, n, d), s)
+                        for a, n, d, s in conn.execute(self._allocation_query(None).where(mine))
+                    )
+                    if now != list(own):
+                        raise _Stale()
+                    freed: list[tuple[DeviceKey, int | None]] = []
+                    taken: list[tuple[DeviceKey, int | None]] = []
+                    if outcome is not None:
+                        self._check(conn, outcome)
+                        gone = sorted({a["agent_id"] for a in moved})
+                        freed = _free(conn, and_(mine, allocations.c.agent_id.in_(gone)))
+                        taken = _take(conn, placement_id, outcome)
+                    result = conn.execute(
+                        placements.update()
+                        .where(placements.c.id == placement_id)
+                        .values(
+                            document=json.dumps(document),
+                            state="active",
+                            degraded_reason=None,
+                            degraded_since=None,
+                        )
+                    )
+                    if not result.rowcount:
+                        raise _Stale()
+                    version = _bump(conn, allocation_version)
+                    applying.enter_context(self._memory)
+                self._apply_allocations(version, freed, taken)
+        except (_Stale, sa_exc.IntegrityError):
+            return False
+        except sa_exc.OperationalError as error:
+            if sqlstate(error) in RETRYABLE_SQLSTATES:
+                return False
+            raise
+        return True
+
+    # ------------------------------------------------------------------ deleting
 
     def delete_agent(self, agent_id: str) -> list[str] | None:
         """Drain and deregister: delete every placement holding one of the agent's devices
@@ -723,17 +1210,16 @@ class Store:
                         ).scalars()
                     )
                 )
-                freed: list[DeviceKey] = []
+                freed: list[tuple[DeviceKey, int | None]] = []
                 if held:
-                    freed = self._freed(conn, allocations.c.placement_id.in_(held))
-                    conn.execute(delete(allocations).where(allocations.c.placement_id.in_(held)))
+                    freed = _free(conn, allocations.c.placement_id.in_(held))
                     conn.execute(delete(placements).where(placements.c.id.in_(held)))
                 conn.execute(delete(devices).where(devices.c.agent_id == agent_id))
                 conn.execute(delete(agents).where(agents.c.agent_id == agent_id))
                 pool_v = _bump_pool_version(conn)
                 allocation_v = _bump(conn, allocation_version)
                 applying.enter_context(self._memory)
-            self._apply_allocations(allocation_v, freed, taken=False)
+            self._apply_allocations(allocation_v, freed)
             for memory in self._pools.values():
                 if memory.pool_version == pool_v - 1:
                     memory.pool.remove(agent_id)
@@ -741,20 +1227,47 @@ class Store:
                     memory.pool_version = pool_v
         return held
 
-    def _freed(self, conn: Connection, which: Any) -> list[DeviceKey]:
-        query = select(allocations.c.agent_id, allocations.c.device_name, allocations.c.device_id)
-        return [(a, n, d) for a, n, d in conn.execute(query.where(which))]
-
     def delete_placement(self, placement_id: str) -> bool:
         """Free the placement's devices; False when there is no such placement."""
         with contextlib.ExitStack() as applying:
             with self._write(f"deleting placement {placement_id}") as conn:
-                freed = self._freed(conn, allocations.c.placement_id == placement_id)
-                conn.execute(delete(allocations).where(allocations.c.placement_id == placement_id))
+                freed = _free(conn, allocations.c.placement_id == placement_id)
                 result = conn.execute(delete(placements).where(placements.c.id == placement_id))
                 if not result.rowcount:
                     return False
                 version = _bump(conn, allocation_version)
                 applying.enter_context(self._memory)
-            self._apply_allocations(version, freed, taken=False)
+            self._apply_allocations(version, freed)
         return True
+
+
+_PLACEMENT = select(
+    placements.c.document,
+    placements.c.state,
+    placements.c.degraded_reason,
+    placements.c.degraded_since,
+)
+
+
+def _shown(text: str, state: str, reason: str | None, since: float | None) -> dict[str, Any]:
+    """A placement as GET shows it: its document, with its state (and why it is degraded)."""
+    document = dict(json.loads(text))
+    document["state"] = state
+    document.pop("degraded", None)
+    if state == "degraded":
+        document["degraded"] = {
+            "reason": reason,
+            "since": None if since is None else _iso(since),
+        }
+    return document
+
+
+def _allocations(chosen: Sequence[NodeAllocation]) -> list[dict[str, Any]]:
+    return [
+        {
+            "agent_id": a.agent_id,
+            "device_name": a.device_name,
+            "devices": [d.device_id for d in a.devices],
+        }
+        for a in chosen
+    ]
