@@ -483,6 +483,14 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
     from docker_variant.scheduler.documents import check_agent_id
     from docker_variant.serving import configure_logging
 
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    # before the first detection, so that a stop during it is clean too
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     try:
         scheduler = check_scheduler_url(args.scheduler)
         agent_id = check_agent_id(args.agent_id or socket.gethostname().split(".")[0])
@@ -502,18 +510,11 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
             tuple(args.enable_provider),
         )
         configure_logging(args.log_level)
-        agent = Agent(settings)
+        agent = Agent(settings, stop=stop)
         agent.report()  # a bad providers file or provider is bad input now, not at 3 a.m.
     except InvalidInputError as exc:
         error(one_line(str(exc)))
         return 2
-    stop = agent.stop
-
-    def on_signal(_signum: int, _frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     try:
         return agent.run()
     finally:

@@ -9,6 +9,7 @@
 | ``GET /v1/placements``, ``GET``/``DELETE /v1/placements/{id}`` | placements; DELETE frees the devices |
 | ``POST /v1/what-if`` | would it place now; else how many nodes of each template would make it (``whatif.py``) |
 | ``GET /healthz`` | 200 when the database answers, else 503 |
+| ``GET /ui`` | the fleet view, one HTML page (``ui.py``); a browser may send the token as a Basic password |
 
 Errors are one line in ``{"errors": [{"code", "message", "detail"}]}``: 400 bad input, 401
 no or unknown token, 403 wrong role or another client's placement, 404 unknown id or image,
@@ -32,6 +33,7 @@ from docker_variant.jsondoc import load_json
 from docker_variant.oci.errors import NotFoundError, RegistryError
 from docker_variant.oci.reference import Reference, parse_reference
 from docker_variant.oci.source import fetch_index
+from docker_variant.scheduler import ui
 from docker_variant.scheduler.database import DatabaseUnavailableError
 from docker_variant.scheduler.documents import (
     check_agent_id,
@@ -69,9 +71,10 @@ class _NotFound(Exception):
 class _Unauthorized(Exception):
     """401: no token, or one the table does not hold."""
 
-    def __init__(self, message: str, *, invalid: bool = False) -> None:
+    def __init__(self, message: str, *, invalid: bool = False, basic: bool = False) -> None:
         super().__init__(message)
         self.invalid = invalid
+        self.basic = basic  # a browser (GET /ui): ask for the token as a Basic password
 
 
 class _Forbidden(Exception):
@@ -87,8 +90,8 @@ def _guard(handler: Endpoint) -> Endpoint:
         except _NotFound as exc:
             return oci_error(404, "NOT_FOUND", str(exc))
         except _Unauthorized as exc:
-            challenge = f'Bearer realm="{_REALM}"'
-            if exc.invalid:
+            challenge = f'{"Basic" if exc.basic else "Bearer"} realm="{_REALM}"'
+            if exc.invalid and not exc.basic:
                 challenge += ', error="invalid_token"'
             return oci_error(401, "UNAUTHORIZED", str(exc), headers={"WWW-Authenticate": challenge})
         except _Forbidden as exc:
@@ -145,15 +148,17 @@ def create_app(
     allowed = frozenset(registries or ())
     any_registry = not allowed and tokens is None
 
-    def caller(request: Request, *roles: str) -> Principal:
+    def caller(request: Request, *roles: str, browser: bool = False) -> Principal:
         if tokens is None:
             return ANONYMOUS
-        token = bearer_token(request)
+        token = bearer_token(request) or (ui.basic_token(request) if browser else None)
         if token is None:
-            raise _Unauthorized("a bearer token is required (Authorization: Bearer TOKEN)")
+            raise _Unauthorized(
+                "a bearer token is required (Authorization: Bearer TOKEN)", basic=browser
+            )
         principal = tokens.find(token)
         if principal is None:
-            raise _Unauthorized("the bearer token is not valid", invalid=True)
+            raise _Unauthorized("the bearer token is not valid", invalid=True, basic=browser)
         if roles and principal.role not in roles and principal.role != "admin":
             raise _Forbidden(
                 f"a {principal.role} token may not {request.method} {request.url.path}; "
@@ -287,9 +292,19 @@ def create_app(
         # the database URL is for the operator of an unauthenticated loopback server only
         return JSONResponse({"status": "ok"} | ({} if tokens else {"database": store.url}))
 
+    async def resolve(image: str) -> VariantIndex:
+        return (await run_in_threadpool(fetch, check_registry(image)))[1]
+
+    @_guard
+    async def fleet_view(request: Request) -> Response:
+        # a browser sends the token as a Basic password (ui.py); the role is a client's
+        who = caller(request, "client", browser=True)
+        return await ui.fleet_page(request, store, who, resolve)
+
     return Starlette(
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
+            Route("/ui", fleet_view, methods=["GET", "POST"]),
             Route("/v1/agents", list_agents, methods=["GET"]),
             Route("/v1/agents/{agent_id}", put_agent, methods=["PUT"]),
             Route("/v1/agents/{agent_id}", get_agent, methods=["GET"]),
