@@ -26,6 +26,7 @@ import pytest
 
 from docker_variant import devstack
 from docker_variant.errors import InvalidInputError
+from docker_variant.providers import nvidia
 from docker_variant.scheduler.__main__ import main
 from docker_variant.scheduler.agent import (
     MAX_BACKOFF_S,
@@ -177,6 +178,26 @@ def test_the_agent_keeps_a_gpu_that_vanished_and_marks_it(
     second = agent.report()
     assert second["devices"] == first["devices"]
     assert second["unhealthy"] == {"nvidia": [uuids(machine)[1]]}
+
+
+def test_a_gpu_lost_mid_run_keeps_its_neighbours_reported(
+    fake_nvml: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """NVML still counts a GPU that fell off the bus, but its handle lookup fails with
+    GPU_IS_LOST, and the nvidia provider then reads no GPU at all; the agent keeps every GPU
+    it saw, marks the lost one and leaves the one that answers healthy."""
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)
+    machine = healthy_machine()
+    use(monkeypatch, tmp_path, machine)
+    agent = Agent(AgentSettings("http://127.0.0.1:9", "node"), nvml=fake_nvml)
+    first = agent.report()
+    lost = copy.deepcopy(machine)
+    lost["devices"][0]["nvmlError"] = "NVML_ERROR_GPU_IS_LOST"
+    use(monkeypatch, tmp_path, lost)
+    assert nvidia.detect({}, fake_nvml, lambda _args: None).devices == {}  # the provider's view
+    second = agent.report()
+    assert second["devices"]["nvidia"] == first["devices"]["nvidia"]
+    assert second["unhealthy"] == {"nvidia": [uuids(machine)[0]]}
 
 
 # --------------------------------------------------------------------------- inputs
