@@ -24,6 +24,7 @@ from docker_variant.proxy.app import (
     check_upstream_url,
     create_app,
 )
+from docker_variant.proxy.handoff import HandoffHttpToolsProtocol
 from docker_variant.serving import (
     LOG_LEVELS,
     ServerArgumentParser,
@@ -114,6 +115,8 @@ def server_config(app: Starlette, log_level: str = "info", **tls: Any) -> uvicor
         server_header=False,
         date_header=False,  # pass the upstream's Date; AccessLog adds ours where none
         timeout_keep_alive=30,  # clients pulling layer after layer reuse connections
+        # uvicorn's httptools protocol, lending the socket to blob relays (proxy/handoff.py)
+        http=HandoffHttpToolsProtocol,
         **tls,
     )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hmac
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -13,12 +13,12 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route as StarletteRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from docker_variant.errors import InvalidInputError, one_line
 from docker_variant.jsondoc import load_json
-from docker_variant.proxy.blobrelay import BlobRelay
 from docker_variant.proxy.cache import open_store
-from docker_variant.proxy.metrics import CONTENT_TYPE_LATEST, AccessLog, ProxyMetrics
+from docker_variant.proxy.metrics import CONTENT_TYPE_LATEST, ROUTE_KIND, AccessLog, ProxyMetrics
 from docker_variant.proxy.names import PathError, Route, RouteKind, parse_v2_path
 from docker_variant.proxy.passthrough import Upstream
 from docker_variant.proxy.variants import (
@@ -99,7 +99,6 @@ def create_app(
             max_connections=max_connections,
         )
         state["service"] = VariantService(upstream, cache, metrics)
-        state["relay"] = BlobRelay(upstream, connect_timeout)
         await cache.start()
         try:
             yield
@@ -114,9 +113,6 @@ def create_app(
             route = parse_v2_path(raw_path)
         except PathError as exc:
             return oci_error(exc.status, exc.code, exc.message, exc.detail)
-        if route.kind is RouteKind.BLOB and request.method == "GET":
-            relay: BlobRelay = state["relay"]
-            return await relay.forward(request, route)  # the bulk data path
         return await _handle(service(), request, route)
 
     async def healthz(request: Request) -> Response:
@@ -184,10 +180,61 @@ def create_app(
         ],
         lifespan=lifespan,
     )
-    app.add_middleware(AccessLog, metrics=metrics)
+    app.add_middleware(ReadPassThrough, service=service)
+    app.add_middleware(AccessLog, metrics=metrics)  # added last: outside ReadPassThrough
     app.state.metrics = metrics
     app.state.cache = cache
     return app
+
+
+_READS = frozenset(
+    {
+        RouteKind.BASE,
+        RouteKind.CATALOG,
+        RouteKind.MANIFEST,
+        RouteKind.BLOB,
+        RouteKind.TAGS,
+        RouteKind.REFERRERS,
+    }
+)
+_PROPERTIES_KEY = PROPERTIES_HEADER.lower().encode()
+
+
+class ReadPassThrough:
+    """ASGI middleware: a GET or HEAD that is a plain pass-through (blobs, manifests without
+    ``X-Variant-Properties``, tags...) goes straight upstream, before Starlette's routing
+    and request machinery, the bulk of the proxy's own time for a manifest GET (issue 8).
+    Everything else, invalid paths included, goes on to the routes below."""
+
+    def __init__(self, app: ASGIApp, service: Callable[[], VariantService]) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = self._route(scope) if scope["type"] == "http" else None
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        scope[ROUTE_KIND] = route.kind
+        response = await self.service().upstream.forward(Request(scope, receive), route)
+        await response(scope, receive, send)
+
+    @staticmethod
+    def _route(scope: Scope) -> Route | None:
+        raw = scope.get("raw_path")
+        if scope["method"] not in ("GET", "HEAD") or not isinstance(raw, bytes):
+            return None
+        try:
+            route = parse_v2_path(raw.decode("latin-1"))
+        except PathError:
+            return None  # answered by the routes, as every refusal
+        if route.kind not in _READS:
+            return None
+        if route.kind is RouteKind.MANIFEST and any(
+            k == _PROPERTIES_KEY for k, _ in scope["headers"]
+        ):
+            return None  # transparent resolution
+        return route
 
 
 async def _handle(service: VariantService, request: Request, route: Route) -> Response:

@@ -1,220 +1,303 @@
-"""Blob downloads relayed over a raw upstream connection: the proxy's bulk data path.
+"""Answers from the raw upstream pool (``upstreampool``) sent down; large bodies by a thread.
 
-httpx's HTTP/1.1 layer (h11) copies every body byte about three times; for blob bodies that
-made the proxy CPU-bound at a quarter of the registry's loopback throughput. Here the
-request goes up exactly as the httpx path sends it (``Upstream.request_headers``), the
-answer's head is parsed by httptools (uvicorn's C parser) and its headers get the same
-rewriting as every other answer (``Upstream.response_headers``); a body with a
-``Content-Length`` then goes down in the chunks it arrives in, untouched. A chunked or
-unframed body (rare for blobs) is decoded by the same parser. Each download has its own
-upstream connection (``Connection: close``), so no parser state outlives it.
+A body over ``THREAD_RELAY_MIN`` bytes with a ``Content-Length`` (blob layers) is relayed by
+a thread of its own between the upstream socket and the client's socket (lent by uvicorn,
+see ``handoff``), through one reused 1 MiB buffer: ``recv_into`` then ``send``, blocking,
+so a slow client holds back the upstream through the kernel's socket buffers and the memory
+per blob stays one buffer. Measured on this machine (issue 8): uvicorn's ASGI body path
+reached 0.51-0.87 of the registry's direct throughput for a 256 MiB blob, this relay 0.9 and
+more (see the README's benchmark table); ``os.splice`` through a pipe reached only 0.72-0.75
+in a prototype, as it moves the copy to the receiving process.
+
+Everything else (small bodies, chunked ones, TLS on either side) is streamed through ASGI
+messages as they arrive, with the upstream connection closed at once if the caller hangs up.
+A caller that hangs up mid-relay makes the next ``send`` fail; while the upstream is silent
+the thread looks at the client socket every second, so a hang-up is seen there too. A client
+that takes nothing for ``STALL_LIMIT_S`` seconds is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ssl
-from collections import deque
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import select
+import socket
+import struct
+import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import cast
 
+import anyio
 import httptools
-import httpx
-from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
-from docker_variant import __version__
-from docker_variant.proxy.names import Route
-from docker_variant.proxy.passthrough import StreamedResponse, Upstream, proxy_base_url
-from docker_variant.proxy.responses import upstream_error
+from docker_variant.errors import one_line
+from docker_variant.proxy.handoff import SocketHandoff, socket_handoff
+from docker_variant.proxy.metrics import RELAY_MODE, RELAYED_BYTES
+from docker_variant.proxy.upstreampool import Answer
 
-__all__ = ["BlobRelay"]
+__all__ = [
+    "STALL_LIMIT_S",
+    "THREAD_RELAY_MIN",
+    "RelayedResponse",
+    "cancel_on_disconnect",
+]
 
-_HIGH_WATER = 4 << 20  # buffered upstream bytes at which reading pauses (back-pressure)
+log = logging.getLogger("docker_variant.proxy")
 
+THREAD_RELAY_MIN = 256 << 10  # smaller bodies are not worth a thread
+STALL_LIMIT_S = 300  # a client that takes no byte for this long is dropped
+_BUFFER_SIZE = 1 << 20  # the copy buffer, and the pipe between spliced sockets
+_SPLICE = hasattr(os, "splice") and hasattr(fcntl, "F_SETPIPE_SZ")
+_IDLE_BUFFERS = 8
+_TICK = struct.pack("ll", 1, 0)  # SO_RCVTIMEO/SO_SNDTIMEO: 1 s, to look around while blocked
+_GONE = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
 
-class _Upstream(asyncio.Protocol):
-    """Received chunks handed over as the event loop delivers them: no stream buffer to copy
-    into and out of (asyncio.StreamReader costs two copies and a memmove per chunk)."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self._chunks: deque[bytes] = deque()
-        self._buffered = 0
-        self._paused = False
-        self._closed = False
-        self._error: BaseException | None = None
-        self._ready = asyncio.Event()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._buffered += len(data)
-        if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
-            self.transport.pause_reading()
-            self._paused = True
-        self._ready.set()
-
-    def eof_received(self) -> bool:
-        self._closed = True
-        self._ready.set()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._closed, self._error = True, exc
-        self._ready.set()
-
-    async def read(self) -> bytes:
-        """The next chunk; ``b""`` at the end of the stream."""
-        while not self._chunks:
-            if self._closed:
-                if self._error is not None:
-                    raise ConnectionError(f"upstream connection lost: {self._error}")
-                return b""
-            self._ready.clear()
-            await self._ready.wait()
-        chunk = self._chunks.popleft()
-        self._buffered -= len(chunk)
-        if self._paused and self._buffered < _HIGH_WATER // 2 and self.transport is not None:
-            self.transport.resume_reading()
-            self._paused = False
-        return chunk
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-    async def aclose(self) -> None:
-        self.close()
+_buffers: list[bytearray] = []
+_buffers_lock = threading.Lock()
 
 
-@dataclass
-class _Head:
-    """What httptools reports while the answer's head (and maybe some body) is fed to it."""
-
-    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
-    body: list[bytes] = field(default_factory=list)
-    headers_done: bool = False
-    message_done: bool = False
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        self.headers_done = True
-
-    def on_body(self, body: bytes) -> None:
-        self.body.append(body)
-
-    def on_message_complete(self) -> None:
-        self.message_done = True
+def _take_buffer() -> bytearray:
+    with _buffers_lock:
+        if _buffers:
+            return _buffers.pop()
+    return bytearray(_BUFFER_SIZE)
 
 
-class BlobRelay:
-    def __init__(self, upstream: Upstream, connect_timeout: float = 10.0) -> None:
+def _return_buffer(buffer: bytearray) -> None:
+    with _buffers_lock:
+        if len(_buffers) < _IDLE_BUFFERS:
+            _buffers.append(buffer)
+
+
+class _RelayStopped(Exception):
+    pass
+
+
+class _Relay:
+    """One body, ``length`` bytes, from ``upstream`` to ``client`` in a thread."""
+
+    def __init__(
+        self, client: socket.socket, upstream: socket.socket, first: list[bytes], length: int
+    ) -> None:
+        self.client = client
         self.upstream = upstream
-        self.connect_timeout = connect_timeout
-        url = httpx.URL(upstream.base_url)
-        self._host = url.host
-        self._port = url.port or (443 if url.scheme == "https" else 80)
-        self._netloc = url.netloc.decode("ascii")
-        self._tls = ssl.create_default_context() if url.scheme == "https" else None
+        self.first = first
+        self.length = length
+        self.sent = 0
+        self.mode = "copy"  # or "splice", once the kernel took the first splice
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
 
-    def _request_head(self, request: Request, route: Route) -> bytes:
-        target = route.upstream_path()
-        if self.upstream.prefix:
-            target = self.upstream.prefix + target
-        query = request.scope.get("query_string", b"")
-        if query:
-            target += "?" + query.decode("latin-1")
-        headers = self.upstream.request_headers(request)
-        lines = [f"GET {target} HTTP/1.1".encode(), b"Host: " + self._netloc.encode()]
-        if not any(k.lower() == b"user-agent" for k, _ in headers):
-            lines.append(f"User-Agent: docker-variant-proxy/{__version__}".encode())
-        lines += [k + b": " + v for k, v in headers]
-        lines.append(b"Connection: close")
-        return b"\r\n".join(lines) + b"\r\n\r\n"
-
-    async def forward(self, request: Request, route: Route) -> Response:
-        what = f"GET {route.upstream_path()}"
-        upstream = _Upstream()
+    def run(self, loop: asyncio.AbstractEventLoop, done: asyncio.Future[None]) -> None:
+        buffer: bytearray | None = None
         try:
-            async with asyncio.timeout(self.connect_timeout):
-                await asyncio.get_running_loop().create_connection(
-                    lambda: upstream, self._host, self._port, ssl=self._tls
-                )
-            assert upstream.transport is not None
-            upstream.transport.write(self._request_head(request, route))
-            head = _Head()
-            parser = httptools.HttpResponseParser(head)
-            async with asyncio.timeout(self.upstream.timeout):
-                while not head.headers_done:
-                    data = await upstream.read()
-                    if not data:
-                        raise ConnectionError("the upstream closed the connection before answering")
-                    parser.feed_data(data)
-        except TimeoutError:
+            self.client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _TICK)
+            self.upstream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _TICK)
+            left = self.length
+            for chunk in self.first:
+                chunk = chunk[:left] if len(chunk) > left else chunk
+                self._send(memoryview(chunk))
+                left -= len(chunk)
+            self.first = []
+            if _SPLICE and left > 0:
+                left = self._splice(left)
+            if left > 0:
+                buffer = _take_buffer()
+                self._copy(memoryview(buffer), left)
+        except (OSError, _RelayStopped) as exc:
+            self.error = exc
+        finally:
+            if buffer is not None:
+                _return_buffer(buffer)
+            self.upstream.close()
+            loop.call_soon_threadsafe(_set_done, done)
+
+    def _splice(self, left: int) -> int:
+        """Moves the body through a pipe, in the kernel; returns what is left to move
+        (all of it where this kernel cannot splice these sockets)."""
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        try:
+            with contextlib.suppress(OSError):  # a smaller pipe only costs more calls
+                fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _BUFFER_SIZE)
+            upstream, first = self.upstream.fileno(), True
+            while left > 0:
+                try:
+                    got = os.splice(upstream, write_end, min(left, _BUFFER_SIZE))
+                except BlockingIOError:  # a second without data: is anyone still there?
+                    self._check_client()
+                    continue
+                except OSError as exc:
+                    if first and exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                        return left
+                    raise
+                first, self.mode = False, "splice"
+                if not got:
+                    raise ConnectionError(f"the upstream closed the body {left} bytes short")
+                left -= got
+                self._send_from_pipe(read_end, got)
+        finally:
+            os.close(read_end)
+            os.close(write_end)
+        return left
+
+    def _send_from_pipe(self, read_end: int, size: int) -> None:
+        client, stalled = self.client.fileno(), 0
+        while size > 0:
+            try:
+                moved = os.splice(read_end, client, size)
+            except BlockingIOError:  # the client took nothing for a second
+                stalled = self._stalled(stalled)
+                continue
+            except OSError as exc:  # a reset or broken pipe: the caller hung up
+                raise _RelayStopped(f"the client hung up: {exc}") from exc
+            stalled = 0
+            self.sent += moved
+            size -= moved
+
+    def _copy(self, view: memoryview, left: int) -> None:
+        """Moves the body through one reused buffer (where splice is not to be had)."""
+        while left > 0:
+            try:
+                got = self.upstream.recv_into(view, min(left, _BUFFER_SIZE))
+            except BlockingIOError:  # a second without data: is anyone still there?
+                self._check_client()
+                continue
+            if not got:
+                raise ConnectionError(f"the upstream closed the body {left} bytes short")
+            self._send(view[:got])
+            left -= got
+
+    def _stalled(self, stalled: int) -> int:
+        stalled += 1
+        if stalled >= STALL_LIMIT_S:
+            raise _RelayStopped(f"the client took no data for {STALL_LIMIT_S} s")
+        self._check_client()
+        return stalled
+
+    def _send(self, data: memoryview) -> None:
+        stalled = 0
+        while data:
+            try:
+                sent = self.client.send(data)
+            except BlockingIOError:  # the client took nothing for a second
+                stalled = self._stalled(stalled)
+                continue
+            except OSError as exc:  # a reset or broken pipe: the caller hung up
+                raise _RelayStopped(f"the client hung up: {exc}") from exc
+            stalled = 0
+            self.sent += sent
+            data = data[sent:]
+
+    def _check_client(self) -> None:
+        if self.stop.is_set():
+            raise _RelayStopped("the proxy is stopping")
+        poller = select.poll()
+        poller.register(self.client, _GONE)
+        if poller.poll(0):
+            raise _RelayStopped("the client hung up")
+
+
+def _set_done(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
+
+
+class RelayedResponse(Response):
+    """An ``Answer`` sent down with ``headers`` (already rewritten for the caller); the
+    upstream connection goes back to the pool, or is closed, however the exchange ends.
+
+    A failure mid-body is too late for an error status: the response is left incomplete,
+    so the connection is dropped and the caller sees a short body, not a silent one.
+    """
+
+    def __init__(self, answer: Answer, headers: list[tuple[bytes, bytes]], what: str) -> None:
+        self.status_code = answer.status
+        self.raw_headers = headers
+        self.background = None
+        self._answer = answer
+        self._what = what
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        answer = self._answer
+        try:
+            start = {
+                "type": "http.response.start",
+                "status": answer.status,
+                "headers": self.raw_headers,
+            }
+            body = answer.complete()
+            if body is not None:  # small: the whole body came with the head
+                await send(start)
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+                return
+            handoff = socket_handoff(scope)
+            length = answer.length
+            if handoff is not None and length is not None and length >= THREAD_RELAY_MIN:
+                detached = answer.detach()
+                if detached is not None:
+                    await send(start)
+                    await self._relay(scope, send, handoff, detached, length)
+                    return
+            await send(start)
+            await self._stream(receive, send, answer.chunks())
+        finally:
+            answer.close()
+
+    async def _relay(
+        self,
+        scope: Scope,
+        send: Send,
+        handoff: SocketHandoff,
+        detached: tuple[socket.socket, list[bytes]],
+        length: int,
+    ) -> None:
+        upstream, first = detached
+        client = await handoff.borrow()
+        if client is None:  # the caller is gone already
             upstream.close()
-            return upstream_error(504, "UNAVAILABLE", f"{what}: the upstream registry timed out")
-        except (OSError, httptools.HttpParserError) as exc:
-            upstream.close()
-            return upstream_error(
-                502,
-                "UNAVAILABLE",
-                f"{what}: the upstream registry failed: {type(exc).__name__}: {exc}",
-            )
-        status = parser.get_status_code()
-        headers = self.upstream.response_headers(head.headers, proxy_base_url(request.scope))
-        framed = _content_length(head.headers)
-        chunked = any(k.lower() == b"transfer-encoding" for k, _ in head.headers)
-        body = (
-            _counted(upstream, head.body, framed)
-            if framed is not None and not chunked
-            else _parsed(upstream, parser, head)
-        )
-        return StreamedResponse(
-            status, headers, body, upstream.aclose, (OSError, httptools.HttpParserError), what
-        )
-
-
-def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    for key, value in headers:
-        if key.lower() == b"content-length" and value.strip().isdigit():
-            return int(value)
-    return None
-
-
-async def _counted(upstream: _Upstream, first: list[bytes], length: int) -> AsyncIterator[bytes]:
-    """Exactly ``length`` body bytes, as they arrive; fewer if the upstream breaks off."""
-    left = length
-    for chunk in first:
-        left -= len(chunk)
-        yield chunk
-    while left > 0:
-        chunk = await upstream.read()
-        if not chunk:
-            raise ConnectionError(f"the upstream closed the body {left} bytes short")
-        if len(chunk) > left:
-            chunk = chunk[:left]  # bytes past the declared length are not part of the body
-        left -= len(chunk)
-        yield chunk
-
-
-async def _parsed(
-    upstream: _Upstream, parser: httptools.HttpResponseParser, head: _Head
-) -> AsyncIterator[bytes]:
-    """A chunked or unframed body, decoded by the parser (an unframed one ends at EOF)."""
-    while True:
-        for chunk in head.body:
-            yield chunk
-        head.body.clear()
-        if head.message_done:
             return
-        data = await upstream.read()
-        if not data:
-            return
-        parser.feed_data(data)
+        relay = _Relay(client, upstream, first, length)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        worker = threading.Thread(
+            target=relay.run, args=(loop, done), name="variant-proxy-blob-relay", daemon=True
+        )
+        worker.start()
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            relay.stop.set()  # the server is going down: the thread ends within a second
+            await done
+            handoff.give_back(relay.sent, complete=False)
+            raise
+        scope[RELAYED_BYTES], scope[RELAY_MODE] = relay.sent, relay.mode
+        complete = relay.error is None and relay.sent == length
+        if relay.error is not None and not isinstance(relay.error, _RelayStopped):
+            log.warning("relay ended mid-body: %s", one_line(f"{self._what}: {relay.error!r}"))
+        handoff.give_back(relay.sent, complete)
+        if complete:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _stream(self, receive: Receive, send: Send, chunks: AsyncIterator[bytes]) -> None:
+        async with anyio.create_task_group() as group:
+            # A caller that hangs up mid-body stops the upstream read at once.
+            group.start_soon(cancel_on_disconnect, receive, group.cancel_scope)
+            try:
+                async for chunk in chunks:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except (OSError, httptools.HttpParserError) as exc:
+                log.warning("upstream failed mid-body: %s", one_line(f"{self._what}: {exc!r}"))
+            else:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            group.cancel_scope.cancel()
+
+
+async def cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()

@@ -16,9 +16,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from docker_variant.proxy.names import PathError, RouteKind, parse_v2_path
 
-__all__ = ["CONTENT_TYPE_LATEST", "AccessLog", "ProxyMetrics", "route_kind"]
+__all__ = [
+    "CONTENT_TYPE_LATEST",
+    "RELAYED_BYTES",
+    "ROUTE_KIND",
+    "AccessLog",
+    "ProxyMetrics",
+    "route_kind",
+]
 
 ACCESS_LOGGER = "docker_variant.proxy.access"
+ROUTE_KIND = "docker_variant.route_kind"  # scope key: the route class, where already known
+RELAYED_BYTES = "docker_variant.relayed_bytes"  # scope key: body bytes sent outside ASGI
+RELAY_MODE = "docker_variant.relay_mode"  # scope key: how they went ("splice" or "copy")
 
 
 class ProxyMetrics:
@@ -63,11 +73,21 @@ class ProxyMetrics:
             registry=self.registry,
         )
 
+        self.relayed_bytes = Counter(
+            "variant_proxy_relayed_bytes",
+            "Blob body bytes a relay thread moved from upstream to client socket, by mode",
+            ["mode"],
+            registry=self.registry,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
 def route_kind(scope: Scope) -> RouteKind:
+    known = scope.get(ROUTE_KIND)
+    if isinstance(known, RouteKind):
+        return known
     path: str = scope.get("path", "")
     if path == "/healthz":
         return RouteKind.HEALTH
@@ -122,6 +142,10 @@ class AccessLog:
         finally:
             route = route_kind(scope).value
             method = str(scope.get("method", ""))
+            relayed = scope.get(RELAYED_BYTES, 0)
+            if relayed:
+                sent += relayed
+                self.metrics.relayed_bytes.labels(scope.get(RELAY_MODE, "copy")).inc(relayed)
             shown = str(status) if status else "aborted"  # cancelled before answering
             self.metrics.requests.labels(route, method, shown).inc()
             self.log.info(

@@ -1,0 +1,101 @@
+"""A client connection's socket, lent to a thread for one response body (uvicorn, plain HTTP).
+
+uvicorn hands an ASGI app's body to the event loop one message at a time, and reads 256,000
+bytes at a time into a fresh bytes object; for a 256 MiB blob that is some 14,700 page
+faults and a Python round trip per chunk, which kept the proxy at 0.51-0.87 of the
+registry's own throughput (issue 8). The protocol class here is uvicorn's own httptools
+protocol plus one ASGI scope extension, ``EXTENSION``: after sending ``http.response.start``
+as usual (so the access log, ``Connection`` handling and keep-alive stay uvicorn's), an app
+may ``borrow()`` a blocking duplicate of the connection's socket, write the body from a
+thread, and ``give_back()`` the socket with the count written. A complete body is then
+closed with an empty ``http.response.body`` message and the connection is kept alive as
+after any other answer; an incomplete one closes the connection (the caller sees a short
+body, as when a streamed body breaks off).
+
+Only plain-HTTP connections get the extension: under TLS the bytes must go through the
+transport's SSL layer, so apps fall back to ASGI messages there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from typing import Any, cast
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+__all__ = ["EXTENSION", "HandoffHttpToolsProtocol", "SocketHandoff", "socket_handoff"]
+
+EXTENSION = "docker_variant.socket_handoff"
+
+
+class SocketHandoff:
+    """One request's claim on its connection's socket; all methods run on the event loop."""
+
+    def __init__(self, protocol: HttpToolsProtocol, cycle: RequestResponseCycle) -> None:
+        self._protocol = protocol
+        self._cycle = cycle
+        self._lent: socket.socket | None = None
+
+    async def borrow(self) -> socket.socket | None:
+        """A blocking duplicate of the client socket, once the response head has left;
+        ``None`` when the caller is gone (or the head was not sent through ASGI)."""
+        cycle, transport = self._cycle, self._protocol.transport
+        if not cycle.response_started or cycle.response_complete or self._lent is not None:
+            return None
+        # uvloop writes the head at once; a full socket buffer would keep some of it back
+        while not cycle.disconnected and transport.get_write_buffer_size():
+            await asyncio.sleep(0.001)
+        if cycle.disconnected or transport.is_closing():
+            return None
+        raw = transport.get_extra_info("socket")
+        if raw is None:
+            return None
+        # The loop must not read the connection while a thread owns it; uvicorn resumes
+        # reading when the response completes (a pipelined request waits in the kernel).
+        self._protocol.flow.pause_reading()
+        lent = socket.socket(fileno=os.dup(raw.fileno()))
+        # O_NONBLOCK belongs to the shared open file: it is restored in give_back, before
+        # the loop touches the socket again.
+        lent.setblocking(True)
+        self._lent = lent
+        return lent
+
+    def give_back(self, sent: int, complete: bool) -> None:
+        """The thread is done: ``sent`` body bytes went out. Complete: the app then sends an
+        empty final ``http.response.body``. Incomplete: the connection is closed here."""
+        lent, self._lent = self._lent, None
+        if lent is None:
+            return
+        cycle = self._cycle
+        try:
+            lent.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, bytes(16))
+            lent.setblocking(False)
+        except OSError:
+            complete = False  # the connection broke: do not hand it back to keep-alive
+        finally:
+            lent.close()
+        if complete:
+            cycle.expected_content_length -= sent  # uvicorn checks the declared length
+            return
+        cycle.keep_alive = False
+        cycle.disconnected = True  # nothing more can be sent; uvicorn logs no error for it
+        self._protocol.transport.close()
+
+
+class HandoffHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol; plain-HTTP requests carry a ``SocketHandoff``."""
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        cycle = self.cycle
+        if self.scheme == "http" and cycle is not None and cycle.scope is self.scope:
+            scope = cast(dict[str, Any], self.scope)
+            scope.setdefault("extensions", {})[EXTENSION] = SocketHandoff(self, cycle)
+
+
+def socket_handoff(scope: dict[str, Any] | Any) -> SocketHandoff | None:
+    extensions = scope.get("extensions") or {}
+    handoff = extensions.get(EXTENSION)
+    return handoff if isinstance(handoff, SocketHandoff) else None

@@ -1,0 +1,381 @@
+"""The proxy's blob relay (issue 8): large blob bodies moved by a thread between the upstream
+and client sockets. The proxy runs as its own process, so that what it holds (threads, file
+descriptors, upstream connections, memory) can be read from /proc/PID."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import RunningRegistry
+from docker_variant import devstack
+from imaging import OCI_MANIFEST, push_blob, push_manifest, raw_manifest
+
+pytestmark = pytest.mark.e2e
+
+BIG = 48 << 20  # well over the relay's threshold and its buffers
+SETTLE_S = 20.0  # how long the proxy may take to let go of a connection (never asserted on)
+
+
+@pytest.fixture(scope="module")
+def proxy(
+    registry: RunningRegistry, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[devstack.Service]:
+    service = devstack.start_proxy(
+        registry.url, tmp_path_factory.mktemp("relay-proxy"), extra=["--log-level", "warning"]
+    )
+    yield service
+    service.stop()
+
+
+@pytest.fixture(scope="module")
+def big_blob(registry: RunningRegistry) -> tuple[str, bytes]:
+    data = os.urandom(BIG)
+    digest = push_blob(registry.url, "relay/blobs", data)
+    push_blob(registry.url, "relay/blobs", b"{}")
+    push_manifest(registry.url, "relay/blobs", "1", raw_manifest(b"{}", [data]), OCI_MANIFEST)
+    return digest, data
+
+
+# --- what the proxy process holds, from /proc ----------------------------------------------
+
+
+def _threads(pid: int) -> int:
+    return int(_status(pid)["Threads"])
+
+
+def _rss_kib(pid: int) -> int:
+    return int(_status(pid)["VmRSS"].split()[0])
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _connections_to(pid: int, port: int) -> int:
+    """The proxy's established TCP connections to 127.0.0.1:``port`` (the upstream)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if match := re.fullmatch(r"socket:\[(\d+)\]", target):
+            inodes.add(match[1])
+    count = 0
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote, state, inode = fields[2], fields[3], fields[9]
+        if state == "01" and int(remote.split(":")[1], 16) == port and inode in inodes:
+            count += 1
+    return count
+
+
+def _settles(check: Callable[[], bool]) -> bool:
+    """Whether ``check`` comes true within SETTLE_S (a condition, not a timing)."""
+    deadline = time.monotonic() + SETTLE_S
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _relayed_bytes(proxy: devstack.Service) -> float:
+    text = httpx.get(f"{proxy.url}/metrics").text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("variant_proxy_relayed_bytes_total{")
+    )
+
+
+# --- a raw HTTP/1.1 client: one connection, several requests ---------------------------------
+
+
+class RawClient:
+    def __init__(self, address: str, rcvbuf: int | None = None) -> None:
+        host, port = address.split(":")
+        self.sock = socket.socket()
+        if rcvbuf is not None:  # before connecting, so the window stays small
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.connect((host, int(port)))
+        self.pending = b""
+
+    def request(self, path: str, headers: dict[str, str] | None = None) -> None:
+        lines = [f"GET {path} HTTP/1.1", "Host: proxy.test"]
+        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+
+    def head(self) -> tuple[int, dict[str, str]]:
+        while b"\r\n\r\n" not in self.pending:
+            data = self.sock.recv(65536)
+            assert data, "the proxy closed the connection before answering"
+            self.pending += data
+        head, _, self.pending = self.pending.partition(b"\r\n\r\n")
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+        return int(status_line.split()[1]), headers
+
+    def body(self, length: int, pause: Callable[[], None] | None = None) -> str:
+        """Reads ``length`` bytes; returns their sha256 digest."""
+        hasher = hashlib.sha256()
+        left = length
+        while left:
+            data = self.pending[:left] if self.pending else self.sock.recv(min(left, 65536))
+            self.pending = self.pending[len(data) :] if self.pending else b""
+            assert data, f"the body ended {left} bytes short"
+            hasher.update(data)
+            left -= len(data)
+            if pause is not None:
+                pause()
+        return "sha256:" + hasher.hexdigest()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# --- the tests ----------------------------------------------------------------------------
+
+
+def test_big_blob_is_byte_exact_and_relayed_by_a_thread(
+    proxy: devstack.Service, big_blob: tuple[str, bytes]
+) -> None:
+    digest, data = big_blob
+    before = _relayed_bytes(proxy)
+    hasher = hashlib.sha256()
+    size = 0
+    with httpx.stream("GET", f"{proxy.url}/v2/relay/blobs/blobs/{digest}", timeout=60) as answer:
+        assert answer.status_code == 200
+        assert answer.headers["content-length"] == str(len(data))
+        assert answer.headers["docker-content-digest"] == digest
+        for chunk in answer.iter_raw():
+            hasher.update(chunk)
+            size += len(chunk)
+    assert size == len(data)
+    assert "sha256:" + hasher.hexdigest() == digest
+    # the body went through the relay thread, not through ASGI messages
+    assert _relayed_bytes(proxy) - before == len(data)
+
+
+def test_ranges_small_and_large(proxy: devstack.Service, big_blob: tuple[str, bytes]) -> None:
+    digest, data = big_blob
+    url = f"{proxy.url}/v2/relay/blobs/blobs/{digest}"
+    small = httpx.get(url, headers={"Range": "bytes=1000-1999"})
+    assert small.status_code == 206 and small.content == data[1000:2000]
+    start = 5 << 20
+    before = _relayed_bytes(proxy)
+    large = httpx.get(url, headers={"Range": f"bytes={start}-"}, timeout=60)
+    assert large.status_code == 206
+    assert large.headers["content-range"] == f"bytes {start}-{len(data) - 1}/{len(data)}"
+    assert large.content == data[start:]
+    assert _relayed_bytes(proxy) - before == len(data) - start
+
+
+def test_keep_alive_after_a_relayed_blob(
+    proxy: devstack.Service, big_blob: tuple[str, bytes]
+) -> None:
+    digest, data = big_blob
+    client = RawClient(proxy.address)
+    try:
+        for _ in range(2):  # blob, blob again, then a manifest: one connection
+            client.request(f"/v2/relay/blobs/blobs/{digest}")
+            status, headers = client.head()
+            assert status == 200 and int(headers["content-length"]) == len(data)
+            assert client.body(len(data)) == digest
+        client.request("/v2/relay/blobs/manifests/1", {"Accept": OCI_MANIFEST})
+        status, headers = client.head()
+        assert status == 200
+        manifest = client.body(int(headers["content-length"]))
+        assert manifest == headers["docker-content-digest"]
+    finally:
+        client.close()
+
+
+def test_client_hanging_up_mid_blob_leaks_nothing(
+    proxy: devstack.Service, registry: RunningRegistry, big_blob: tuple[str, bytes]
+) -> None:
+    digest, _ = big_blob
+    pid = proxy.process.pid
+    upstream_port = int(registry.host.split(":")[1])
+    path = f"/v2/relay/blobs/blobs/{digest}"
+    httpx.get(f"{proxy.url}/v2/relay/blobs/manifests/1", headers={"Accept": OCI_MANIFEST})
+    threads, fds, upstream = _threads(pid), _fds(pid), _connections_to(pid, upstream_port)
+    for _ in range(5):
+        client = RawClient(proxy.address)
+        client.request(path)
+        assert client.head()[0] == 200
+        client.body(1 << 20)  # a little of it, then hang up
+        client.close()
+    assert _settles(lambda: _threads(pid) <= threads), (_threads(pid), threads)
+    assert _settles(lambda: _fds(pid) <= fds), (_fds(pid), fds)
+    assert _settles(lambda: _connections_to(pid, upstream_port) <= upstream)
+    # and the proxy carries on
+    assert hashlib.sha256(httpx.get(f"{proxy.url}{path}", timeout=60).content).hexdigest() == (
+        digest.removeprefix("sha256:")
+    )
+
+
+def test_client_hanging_up_while_the_upstream_is_silent(tmp_path: Path) -> None:
+    """The upstream sends a part of the body, then nothing: a caller that hangs up still
+    gets the upstream connection closed (the relay looks at the client while it waits)."""
+    upstream_closed = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += conn.recv(65536)
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 104857600\r\n"
+                b"Content-Type: application/octet-stream\r\n\r\n" + os.urandom(2 << 20)
+            )
+            conn.settimeout(SETTLE_S)
+            try:
+                while conn.recv(65536):
+                    pass
+            except TimeoutError:
+                return  # the proxy held on
+            except OSError:
+                pass  # reset: the proxy let go, with bytes unread
+            upstream_closed.set()
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    proxy = devstack.start_proxy(f"http://127.0.0.1:{port}", tmp_path / "proxy")
+    try:
+        threads = _threads(proxy.process.pid)
+        client = RawClient(proxy.address)
+        client.request("/v2/a/blobs/sha256:" + "a" * 64)
+        assert client.head()[0] == 200
+        client.body(1 << 20)
+        client.close()
+        server.join(SETTLE_S + 5)
+        assert upstream_closed.is_set()
+        assert _settles(lambda: _threads(proxy.process.pid) <= threads)
+    finally:
+        proxy.stop()
+        listener.close()
+
+
+def test_slow_reader_gets_back_pressure_not_buffering(
+    proxy: devstack.Service, big_blob: tuple[str, bytes]
+) -> None:
+    digest, _ = big_blob
+    pid = proxy.process.pid
+    rss_before = _rss_kib(pid)
+    peak = rss_before
+    reads = 0
+
+    def pause() -> None:
+        nonlocal peak, reads
+        reads += 1
+        if reads % 16 == 0:
+            peak = max(peak, _rss_kib(pid))
+        time.sleep(0.0005)
+
+    client = RawClient(proxy.address, rcvbuf=64 << 10)
+    try:
+        client.request(f"/v2/relay/blobs/blobs/{digest}")
+        status, headers = client.head()
+        assert status == 200
+        assert client.body(int(headers["content-length"]), pause) == digest
+    finally:
+        client.close()
+    # a 48 MiB blob to a slow reader: the proxy holds a buffer or two, never the blob
+    assert (peak - rss_before) * 1024 < 16 << 20, (rss_before, peak)
+
+
+def test_concurrent_big_blob_pulls(proxy: devstack.Service, registry: RunningRegistry) -> None:
+    blobs = {}
+    for i in range(4):
+        data = os.urandom((6 << 20) + i * 4099)
+        blobs[push_blob(registry.url, "relay/many", data)] = len(data)
+    digests = list(blobs) * 3
+    pid = proxy.process.pid
+    threads = _threads(pid)
+
+    async def pull(client: httpx.AsyncClient, digest: str) -> tuple[str, int]:
+        hasher = hashlib.sha256()
+        async with client.stream("GET", f"/v2/relay/many/blobs/{digest}") as answer:
+            async for chunk in answer.aiter_raw():
+                hasher.update(chunk)
+            return "sha256:" + hasher.hexdigest(), answer.status_code
+
+    async def pull_all() -> list[tuple[str, int]]:
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=120) as client:
+            return await asyncio.gather(*(pull(client, d) for d in digests))
+
+    results = asyncio.run(pull_all())
+    assert results == [(d, 200) for d in digests]
+    assert _settles(lambda: _threads(pid) <= threads)
+
+
+def test_manifest_requests_reuse_one_upstream_connection(
+    proxy: devstack.Service, registry: RunningRegistry, big_blob: tuple[str, bytes]
+) -> None:
+    pid = proxy.process.pid
+    port = int(registry.host.split(":")[1])
+    url = f"{proxy.url}/v2/relay/blobs/manifests/1"
+    with httpx.Client(headers={"Accept": OCI_MANIFEST}) as http:
+        first = http.get(url)
+        held = _connections_to(pid, port)
+        for _ in range(20):
+            assert http.get(url).content == first.content
+            head = http.head(url)
+            assert head.status_code == 200 and head.content == b""
+            assert head.headers["content-length"] == str(len(first.content))
+        # one request at a time: the same idle connection every time, none added
+        assert _connections_to(pid, port) == held
+
+
+def test_tls_listener_falls_back_to_streaming(
+    tmp_path: Path, registry: RunningRegistry, big_blob: tuple[str, bytes]
+) -> None:
+    from tlsca import CertificateAuthority
+
+    digest, _ = big_blob
+    ca = CertificateAuthority(tmp_path / "ca")
+    server = ca.server()
+    proxy = devstack.start_proxy(
+        registry.url,
+        tmp_path / "proxy",
+        extra=["--tls-cert", str(server.cert), "--tls-key", str(server.key)],
+        scheme="https",
+    )
+    try:
+        with httpx.Client(verify=ssl.create_default_context(cafile=ca.ca), timeout=60) as http:
+            answer = http.get(f"{proxy.url}/v2/relay/blobs/blobs/{digest}")
+            assert answer.status_code == 200
+            assert hashlib.sha256(answer.content).hexdigest() == digest.removeprefix("sha256:")
+            assert _relayed_bytes_tls(http, proxy) == 0  # streamed through ASGI instead
+    finally:
+        proxy.stop()
+
+
+def _relayed_bytes_tls(http: httpx.Client, proxy: devstack.Service) -> float:
+    text = http.get(f"{proxy.url}/metrics").text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("variant_proxy_relayed_bytes_total{")
+    )
