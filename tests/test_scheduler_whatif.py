@@ -9,6 +9,7 @@ import hashlib
 import json
 import random
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,8 @@ import pytest
 from conftest import RunningRegistry
 from docker_variant.scheduler import Store
 from docker_variant.scheduler.__main__ import main
-from docker_variant.scheduler.placement import Plan, build_pool, plan
+from docker_variant.scheduler.documents import SHARE, AgentReport
+from docker_variant.scheduler.placement import Plan, Pool, build_pool, plan
 from docker_variant.scheduler.tokens import load_tokens
 from docker_variant.scheduler.whatif import parse_what_if, what_if
 from docker_variant.variant import VariantIndex
@@ -245,6 +247,29 @@ def test_fits_now_agrees_with_placing_and_changes_nothing(store: Store) -> None:
         assert after["options"] == [{"template": "h200", "nodes": 1, "variant": "cu126"}]
 
 
+def test_shares_and_unhealthy_devices_count_as_placing_counts_them(sqlite_store: Store) -> None:
+    """h200-0 has half of each GPU in use, h200-1 two of four GPUs unhealthy: a fractional
+    gang may use h200-0, a whole-device gang neither."""
+    fraction = {"index": gpu_only_index(), "nodes": 3, "devices_per_node": 4}
+    fraction["shares_per_device"] = 0.5
+    whole = {"index": gpu_only_index(), "nodes": 3, "devices_per_node": 4}
+    h200 = template("h200", H200_R570)
+    with client_for(sqlite_store) as api:
+        put_agent(api, "h200-0", agent_body(H200_R570, 4))
+        sick = agent_body(H200_R570, 4) | {"unhealthy": {"cuda": ["GPU-0", "GPU-1"]}}
+        put_agent(api, "h200-1", sick)
+        half = api.post("/v1/placements", json=fraction | {"nodes": 1})
+        assert half.status_code == 201
+        assert [a["agent_id"] for a in half.json()["allocations"]] == ["h200-0"]
+        on_fractions = ask(api, fraction, [h200])["options"]
+        assert on_fractions == [{"template": "h200", "nodes": 2, "variant": "cu128"}]
+        assert ask(api, whole, [h200])["options"] == [
+            {"template": "h200", "nodes": 3, "variant": "cu128"}
+        ]
+        check_prediction(api, fraction, h200, 2, "cu128")
+        check_prediction(api, whole, h200, 3, "cu128")
+
+
 def test_nodes_that_join_after_asking_an_empty_scheduler_place(sqlite_store: Store) -> None:
     """The autoscaler's path from nothing: ask, provision, heartbeat, place. (The pool read
     while empty once kept an empty profile table of its own: the placement failed, 500.)"""
@@ -273,32 +298,49 @@ def test_the_resource_group_is_the_pool_asked(sqlite_store: Store) -> None:
 GPUS = [H200_R570, H200_R580, A100_R535, A100_R570, B200_R580, L4_R535]
 
 
-def _random_heartbeat(rng: random.Random) -> dict[str, Any]:
-    """A node of 0..5 GPUs, each of a random kind, on an x86-64 or an aarch64 host."""
-    devices = {f"GPU-{i}": gpu_lists(rng.choice(GPUS)) for i in range(rng.randint(0, 5))}
-    host = rng.choice([X86_V4, X86_V3, GRACE])
+def _random_heartbeat(rng: random.Random, fewest: int = 0) -> dict[str, Any]:
+    """A node of ``fewest``..5 GPUs, each of a random kind, on an x86-64 host (or, one in
+    four, an aarch64 one)."""
+    count = rng.randint(fewest, 5)
+    devices = {f"GPU-{i}": gpu_lists(rng.choice(GPUS)) for i in range(count)}
+    host = rng.choice([X86_V4, X86_V3, X86_V4, GRACE])
     return {"resource_group": "default", "host": host, "devices": {"cuda": devices}}
 
 
+def _pool(reports: list[AgentReport], usage: dict[tuple[str, str, str], int | None]) -> Pool:
+    """The pool of ``reports`` with devices in use: whole (None) or some shares."""
+    pool = build_pool(reports, {key for key, used in usage.items() if used is None})
+    for key, used in usage.items():
+        if used is not None:
+            pool.allocate([key], shares=used)
+    return pool
+
+
 def test_fewest_nodes_equals_trying_every_count() -> None:
-    """The binary search against a linear scan over N = 0..nodes + 2, each a plan on a
-    pool built afresh from reports (today's agents plus N built from the template): the
-    smallest N that places, its variant, and that more nodes never stop it placing."""
+    """The search against a linear scan over N = 0..nodes + 2, each a plan on a pool built
+    afresh from reports (today's agents, some devices unhealthy, some in use whole or in
+    part, plus N built from the template), for whole and fractional requests: the smallest
+    N that places, its variant, and that more nodes never stop it placing."""
     rng = random.Random(20261203)
     index = VariantIndex.from_json(AMD64_ONLY, "amd64-only index")
-    for case in range(60):
+    for case in range(100):
         bodies = {f"n{i}": _random_heartbeat(rng) for i in range(rng.randint(0, 6))}
-        reports = [agent_report(agent_id, body) for agent_id, body in bodies.items()]
-        allocated = {
-            (agent_id, "cuda", device_id)
-            for agent_id, body in bodies.items()
-            for device_id in body["devices"]["cuda"]
-            if rng.random() < 0.3
-        }
-        pool = build_pool(reports, allocated)
+        reports = []
+        usage: dict[tuple[str, str, str], int | None] = {}
+        for agent_id, body in bodies.items():
+            ids = list(body["devices"]["cuda"])
+            sick = frozenset(("cuda", d) for d in ids if rng.random() < 0.15)
+            reports.append(replace(agent_report(agent_id, body), unhealthy=sick))
+            for device_id in ids:
+                if ("cuda", device_id) not in sick and rng.random() < 0.4:
+                    used = rng.choice([None, SHARE // 4, SHARE // 2])
+                    usage[(agent_id, "cuda", device_id)] = used
+        pool = _pool(reports, usage)
         request = {"index": AMD64_ONLY, "nodes": rng.randint(1, 5)}
         request["devices_per_node"] = rng.randint(0, 3)
-        of = {"name": "t", **heartbeat(_random_heartbeat(rng))}
+        if request["devices_per_node"] and rng.random() < 0.4:
+            request["shares_per_device"] = rng.choice([0.25, 0.5, 0.75])
+        of = {"name": "t", **heartbeat(_random_heartbeat(rng, fewest=1))}
         question = parse_what_if({"request": request, "templates": [of]})
         answer = what_if(index, question.request, pool, question.templates).to_json()
         outcomes: list[str | bool | None] = []  # per N: the variant placed, or False
@@ -307,9 +349,10 @@ def test_fewest_nodes_equals_trying_every_count() -> None:
             extra = [agent_report(f"t-{i}", new) for i in range(n)]
             found = plan(
                 index,
-                build_pool([*reports, *extra], allocated),
+                _pool([*reports, *extra], usage),
                 request["nodes"],
                 request["devices_per_node"],
+                shares=question.request.shares,
             )
             outcomes.append(found.candidate.label if isinstance(found, Plan) else False)
         placed = [n for n, outcome in enumerate(outcomes) if outcome is not False]

@@ -11,9 +11,9 @@ bare) has at least ``nodes`` nodes able to take it: the homogeneous rule picks a
 candidates, the mixed rule takes any of them. Adding a node only adds an able node to the
 candidates it fits and removes none, so "places with N new nodes" is monotone in N. And N
 beyond the gang's ``nodes`` changes nothing: ``nodes`` new nodes already hold a whole gang of
-any candidate the template fits. So a binary search over ``1..nodes``, with ``plan`` as the
-oracle, finds the fewest in about log2(nodes) plans; a randomized test checks it against
-trying every N.
+any candidate the template fits. So a search over ``1..nodes`` (doubling, then halving),
+with ``plan`` as the oracle, finds the fewest in about 2 log2(N) plans; a randomized test
+checks it against trying every N.
 
 A template that does not help is explained: no variant fits one of its nodes (its platform
 has no image, its devices fit no variant, it has too few devices), or it would take more
@@ -203,6 +203,7 @@ def _plan(index: VariantIndex, pool: Pool, request: PlacementRequest) -> Plan | 
         request.nodes,
         request.devices_per_node,
         device_name=request.device_name,
+        shares=request.shares,
     )
 
 
@@ -231,9 +232,9 @@ def what_if(
     options: list[Option] = []
     reasons: dict[str, str] = {}
     for template in templates:
-        node, _ = bases[template.name]
+        node, alone = bases[template.name]
         with _Virtual(work, node) as virtual:
-            found = _fewest(index, request, virtual)
+            found = _fewest(index, request, virtual, alone)
             if found is None:
                 reasons[template.name] = _useless(index, request, work, node)
                 continue
@@ -284,15 +285,22 @@ class _Virtual:
 
 
 def _fewest(
-    index: VariantIndex, request: PlacementRequest, virtual: _Virtual
+    index: VariantIndex, request: PlacementRequest, virtual: _Virtual, alone: Pool
 ) -> tuple[int, Plan] | None:
     """The fewest virtual nodes (1..``request.nodes``) that make the request place, and
-    the plan then; None when even ``request.nodes`` do not (see the module docstring)."""
-    high = request.nodes
-    found = _plan(index, virtual.resize(high), request)
-    if not isinstance(found, Plan):
+    the plan then; None when even ``request.nodes`` would not (see the module docstring).
+
+    ``request.nodes`` new nodes place it exactly when one of them alone takes a one-node
+    gang (``alone``: a pool of that node), so that is asked first, at no cost of the pool's
+    size. Then 1, 2, 4 ... new nodes until it places, and a binary search below: the nodes
+    added and the plans made grow with the answer, not with the gang."""
+    if not isinstance(_plan(index, alone, replace(request, nodes=1)), Plan):
         return None
-    low = 1  # it does not place with low - 1 (0: the caller planned it)
+    low, high = 1, 1  # it does not place with low - 1 new nodes (0: the caller planned it)
+    while not isinstance(found := _plan(index, virtual.resize(high), request), Plan):
+        if high >= request.nodes:
+            return None  # not so by the rule above; should plan change, say it cannot help
+        low, high = high + 1, min(2 * high, request.nodes)
     while low < high:
         middle = (low + high) // 2
         attempt = _plan(index, virtual.resize(middle), request)
