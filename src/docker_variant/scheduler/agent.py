@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 from docker_variant import __version__
-from docker_variant.errors import InvalidInputError, one_line
+from docker_variant.errors import DockerVariantError, InvalidInputError, one_line
 from docker_variant.jsondoc import read_json_file
 from docker_variant.providers import HostReport, detect_host, read_providers_file
 from docker_variant.variant.platform import host_platform, platform_of_lists
@@ -220,7 +220,7 @@ def _judge_gpu(nvml: Any, error: Any, uuid: str, known: bool) -> str | None:
         if getattr(exc, "value", None) in not_found and not known:
             return None  # not a GPU this NVML has (an id from a providers file)
         return f"stopped answering (NVML: {exc})"
-    checks: list[tuple[str, Callable[[], object]]] = [
+    checks: list[tuple[str, Callable[[], Any]]] = [
         (
             "ecc",
             lambda: nvml.nvmlDeviceGetTotalEccErrors(
@@ -231,7 +231,7 @@ def _judge_gpu(nvml: Any, error: Any, uuid: str, known: bool) -> str | None:
     ]
     for name, check in checks:
         try:
-            answer = int(check())  # type: ignore[call-overload]
+            answer = int(check())
         except error as exc:
             if getattr(exc, "value", None) in unjudged:
                 continue
@@ -297,6 +297,7 @@ class Agent:
         self._gpus_seen: dict[str, Any] = {}  # GPU UUID -> last lists, NVML-detected
         self._unhealthy: dict[str, str] = {}  # last verdicts, to log changes only
         self.beats = 0  # heartbeats the scheduler took
+        self.reported = 0  # devices in the last report
 
     @property
     def url(self) -> str:
@@ -335,6 +336,7 @@ class Agent:
             body["unhealthy"] = {_GPU_KIND: sorted(verdicts)}
         if capacity:
             body["capacity"] = capacity
+        self.reported = sum(len(ids) for ids in devices.values())
         return body
 
     def _log_health(self, verdicts: Mapping[str, str]) -> None:
@@ -382,7 +384,7 @@ class Agent:
         )
         while not self.stop.is_set():
             try:
-                view = self.beat()
+                self.beat()
             except ReportRefusedError as exc:
                 _log.error("%s", exc)
                 return 2
@@ -397,13 +399,12 @@ class Agent:
                     one_line(str(exc)) or type(exc).__name__,
                     delay,
                 )
-            except InvalidInputError as exc:  # the providers file went bad: keep trying
+            except DockerVariantError as exc:  # e.g. the providers file went bad: keep trying
                 failures += 1
                 delay = backoff_delay(failures, settings.interval, self.rng)
                 _log.error("%s; retrying in %.1f s", exc, delay)
             else:
                 if failures or self.beats == 1:
-                    summary = view.get("devices", {}).values()
                     _log.info(
                         "%s with %s as agent %s (%d devices, %d unhealthy)",
                         "registered"
@@ -411,7 +412,7 @@ class Agent:
                         else f"re-registered after {failures} failed heartbeats",
                         settings.scheduler,
                         settings.agent_id,
-                        sum(len(s.get("free", [])) + len(s.get("allocated", [])) for s in summary),
+                        self.reported,
                         len(self._unhealthy),
                     )
                 failures = 0
@@ -478,6 +479,7 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
     import os
     import signal
     import socket
+    import sys
 
     from docker_variant.providers import PROVIDERS_FILE_ENV
     from docker_variant.scheduler.documents import check_agent_id
@@ -515,6 +517,9 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
     except InvalidInputError as exc:
         error(one_line(str(exc)))
         return 2
+    except DockerVariantError as exc:  # a provider plugin failed (exit 4, SPEC 7)
+        sys.stderr.write(f"variant-scheduler agent: error: {one_line(str(exc))}\n")
+        return exc.exit_code
     try:
         return agent.run()
     finally:
