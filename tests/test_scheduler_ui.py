@@ -176,7 +176,8 @@ def test_the_matrix_is_what_select_says_for_each_device_class(store: Store) -> N
 def test_everything_from_outside_is_escaped(store: Store) -> None:
     script = "<script>alert(1)</script>"
     index = json.loads(json.dumps(INDEX))
-    index["invalid"] = [{"tag": "2.0-bad", "error": f"label {script} is not valid"}]
+    # invalid entries' tags and errors are free text: a scan quotes what it found
+    index["invalid"] = [{"tag": f"2.0-{script}", "error": f"label {script} is not valid"}]
     with SchedulerServer(store) as server:
         # ids cannot carry markup at all: the API refuses them before they are stored
         refused = httpx.put(f"{server.url}/v1/agents/{script}", json=agent_body(H200_R570))
@@ -195,7 +196,8 @@ def test_everything_from_outside_is_escaped(store: Store) -> None:
         assert page.headers["content-security-policy"].startswith("default-src 'none'")
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in typed.text  # in the form and the error
     assert "id=lookup-error" in typed.text
-    assert f"label {script}".replace("<", "&lt;").replace(">", "&gt;") in shown.text
+    escaped = script.replace("<", "&lt;").replace(">", "&gt;")
+    assert f"<code>2.0-{escaped}</code>: label {escaped} is not valid" in shown.text
     assert parse(shown.text).matrix  # the index itself was judged
 
 
