@@ -1,0 +1,117 @@
+"""``push``, ``publish`` and ``build --push/--publish`` check labels against the binaries.
+
+A label that promises what the binaries do not deliver is refused (``LabelsUnsupportedError``,
+exit 2) with the evidence; what only deserves a warning is returned. Images whose labels
+promise nothing checkable (bare, ``null``, other namespaces) are not read at all, and
+images with no accelerator binaries pass, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING
+
+from docker_variant.contents.properties import Verdict, verify
+from docker_variant.contents.walker import ImageContents
+from docker_variant.errors import InvalidInputError
+from docker_variant.variant.labels import read_labels
+
+if TYPE_CHECKING:
+    from docker_variant.contents.sources import Meter
+    from docker_variant.docker.engine import Engine
+    from docker_variant.oci.client import RegistryClient
+    from docker_variant.oci.imageindex import IndexEntry
+    from docker_variant.oci.reference import Reference
+
+__all__ = [
+    "CHECKED_FEATURES",
+    "LabelsUnsupportedError",
+    "check_contents",
+    "check_local_image",
+    "check_registry_entries",
+    "needs_check",
+]
+
+#: The properties whose promises the binaries can confirm or refute.
+CHECKED_FEATURES = frozenset(
+    {
+        ("nvidia", "sm_arch"),
+        ("nvidia", "cuda_version_lower_bound"),
+        ("x86_64", "level"),
+        ("amd", "gfx_arch"),
+    }
+)
+NO_VERIFY_HINT = "--no-verify skips this check"
+
+
+class LabelsUnsupportedError(InvalidInputError):
+    """Labels that promise what the image's binaries do not deliver (exit code 2)."""
+
+
+def needs_check(labels: Mapping[str, str] | None) -> bool:
+    """Whether the labels promise anything the binaries could refute."""
+    variant = read_labels(labels).variant
+    if variant is None:
+        return False
+    return any(
+        (namespace, feature) in CHECKED_FEATURES
+        for namespace, features in variant.properties.items()
+        for feature in features
+    )
+
+
+def check_contents(what: str, labels: Mapping[str, str], contents: ImageContents) -> Verdict:
+    """The verdict on ``labels``; raises ``LabelsUnsupportedError`` naming the evidence."""
+    verdict = verify(contents, read_labels(labels).variant)
+    if verdict.errors:
+        more = f" (and {len(verdict.errors) - 1} more)" if len(verdict.errors) > 1 else ""
+        raise LabelsUnsupportedError(
+            f"{what}: the labels promise what the binaries do not deliver: "
+            f"{verdict.errors[0]}{more}; fix the labels (docker variant labels --from-image) "
+            f"or the build; {NO_VERIFY_HINT}"
+        )
+    return verdict
+
+
+def check_local_image(
+    engine: Engine, reference: Reference, meter: Meter | None = None
+) -> tuple[Verdict, bool]:
+    """Check a local image before it is pushed as ``reference``: its labels against its tag
+    first (cheap), then against its binaries. Returns ``(verdict, whether layers were read)``."""
+    from docker_variant.contents.sources import inspect_local
+    from docker_variant.docker.ops import check_push_labels
+
+    inspected = engine.inspect_image(str(reference))
+    if inspected is None:
+        raise InvalidInputError(f"{reference}: no such local image (build or tag it first)")
+    labels = (inspected.get("Config") or {}).get("Labels") or {}
+    check_push_labels(reference, labels)
+    if not needs_check(labels):
+        return Verdict(), False
+    image = inspect_local(str(reference), engine, meter)
+    return check_contents(str(reference), image.labels, image.contents), True
+
+
+async def check_registry_entries(
+    client: RegistryClient,
+    repository: str,
+    name: str,
+    entries: Collection[IndexEntry],
+    *,
+    skip_tags: Collection[str] = (),
+) -> list[str]:
+    """Check every entry of a version about to be published; returns the warnings."""
+    from docker_variant.contents.sources import inspect_manifest, spool_dir
+
+    warnings: list[str] = []
+    for entry in entries:
+        if entry.tag in skip_tags or not needs_check(entry.labels):
+            continue
+        manifest = await client.fetch_manifest(repository, entry.digest)
+        config = await client.get_config(repository, manifest)
+        with spool_dir() as spool:
+            contents = await inspect_manifest(client, repository, manifest.data, config, spool)
+        where = f"{name}:{entry.tag}" + (f" ({entry.platform})" if entry.platform else "")
+        verdict = check_contents(where, entry.labels, contents)
+        warnings.extend(f"{where}: {w}" for w in verdict.warnings)
+    return warnings

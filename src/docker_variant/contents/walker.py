@@ -1,0 +1,365 @@
+"""The layer walker: streams each layer's tar members once, hands files to the parsers, and
+merges the layers as the image's filesystem shows them (whiteouts applied).
+
+Nothing is extracted. An ELF member is copied into a spooled temp file (in memory up to
+``SPOOL_MEMORY``, then on disk in the caller's temp dir) so that its section table, at the end
+of the file, can be read; other members are skipped as the stream passes. A layer is gzip or a
+plain tar; anything else is one ``ContentsError``. A member whose name escapes the root
+(``../../etc/passwd``) or a file the parsers cannot read is skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import io
+import posixpath
+import shutil
+import tarfile
+import tempfile
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from docker_variant.contents.elf import ELF_MAGIC, ElfError, read_elf
+from docker_variant.contents.evidence import (
+    CUDA_RUNTIME,
+    DIST_INFO,
+    ELF,
+    LIBCUDART,
+    SMALL_FILE_LIMIT,
+    Finding,
+    elf_findings,
+    path_finding,
+    small_file_finding,
+    wants_content,
+)
+from docker_variant.contents.fatbin import FatbinError
+from docker_variant.contents.offload import OffloadError
+from docker_variant.errors import InvalidInputError
+
+__all__ = [
+    "SPOOL_MEMORY",
+    "ContentsError",
+    "ImageContents",
+    "LayerScan",
+    "merge_layers",
+    "scan_layer",
+]
+
+SPOOL_MEMORY = 16 << 20  # an ELF above this goes to a temp file while its headers are read
+_READ_CHUNK = 1 << 20
+_MAX_SYMLINK_HOPS = 40  # Linux's ELOOP limit
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+ProgressCallback = Callable[[int], None]
+
+
+class ContentsError(InvalidInputError):
+    """A layer that cannot be read as a tar archive (exit code 2)."""
+
+
+@dataclass
+class LayerScan:
+    """What one layer holds: findings by path, and what it does to the layers below."""
+
+    name: str
+    findings: dict[str, list[Finding]] = field(default_factory=dict)
+    entries: set[str] = field(default_factory=set)
+    whiteouts: set[str] = field(default_factory=set)
+    opaque: set[str] = field(default_factory=set)
+    symlinks: dict[str, str] = field(default_factory=dict)
+    hardlinks: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    bytes_read: int = 0
+
+
+@dataclass(frozen=True)
+class ImageContents:
+    """The merged findings of an image, sorted by path, and what was skipped."""
+
+    findings: tuple[Finding, ...]
+    warnings: tuple[str, ...]
+    layers: int
+    bytes_read: int
+
+    def of_kind(self, *kinds: str) -> list[Finding]:
+        return [f for f in self.findings if f.kind in kinds]
+
+    def with_finding(self, finding: Finding | None) -> ImageContents:
+        if finding is None:
+            return self
+        return ImageContents((*self.findings, finding), self.warnings, self.layers, self.bytes_read)
+
+
+class _Counting(io.RawIOBase):
+    """Counts the (compressed) bytes read from ``raw``, for progress."""
+
+    def __init__(self, raw: IO[bytes], on_bytes: ProgressCallback | None) -> None:
+        self._raw = raw
+        self._on_bytes = on_bytes
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        data = self._raw.read(len(buffer))
+        n = len(data)
+        buffer[:n] = data
+        self.count += n
+        if self._on_bytes is not None and n:
+            self._on_bytes(n)
+        return n
+
+
+def normalise(name: str) -> str | None:
+    """``./usr/lib/x`` -> ``/usr/lib/x``; ``None`` for a name that escapes the root."""
+    path = posixpath.normpath("/" + name.lstrip("/")) if name else "/"
+    relative = posixpath.normpath(name.lstrip("/")) if name else "."
+    if relative == ".." or relative.startswith("../"):
+        return None
+    return "/" if path == "//" else path
+
+
+def _open_tar(reader: io.BufferedReader[Any], name: str) -> tarfile.TarFile:
+    head = reader.peek(512)[:512]
+    if head.startswith(_GZIP_MAGIC):
+        mode = "r|gz"
+    elif head.startswith(_ZSTD_MAGIC):
+        raise ContentsError(f"layer {name}: zstd-compressed layers are not supported (gzip or tar)")
+    elif head[257:262] == b"ustar":
+        mode = "r|"
+    else:
+        raise ContentsError(
+            f"layer {name}: neither gzip-compressed nor a tar archive "
+            f"(starts with {head[:8].hex()})"
+        )
+    try:
+        return tarfile.open(fileobj=reader, mode=mode, bufsize=_READ_CHUNK)  # type: ignore[call-overload, no-any-return]
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise ContentsError(f"layer {name}: not a readable tar archive ({exc})") from exc
+
+
+def scan_layer(
+    stream: IO[bytes],
+    name: str,
+    spool_dir: Path | None = None,
+    on_bytes: ProgressCallback | None = None,
+) -> LayerScan:
+    """Read one layer (gzip or plain tar) from ``stream`` once, front to back."""
+    counting = _Counting(stream, on_bytes)
+    reader = io.BufferedReader(counting, _READ_CHUNK)
+    scan = LayerScan(name)
+    if not reader.peek(1):
+        return scan  # an empty blob: a layer with nothing in it
+    tar = _open_tar(reader, name)
+    try:
+        for member in tar:
+            _member(tar, member, scan, spool_dir)
+    except ContentsError:
+        raise
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise ContentsError(f"layer {name}: corrupt or truncated tar stream ({exc})") from exc
+    finally:
+        tar.close()
+    scan.bytes_read = counting.count
+    return scan
+
+
+def _member(
+    tar: tarfile.TarFile, member: tarfile.TarInfo, scan: LayerScan, spool_dir: Path | None
+) -> None:
+    path = normalise(member.name)
+    if path is None:
+        scan.warnings.append(
+            f"layer {scan.name}: skipped member {member.name!r}: its path escapes the image root"
+        )
+        return
+    parent, _, base = path.rpartition("/")
+    if base.startswith(".wh."):
+        if base == ".wh..wh..opq":
+            scan.opaque.add(parent or "/")
+        else:
+            scan.whiteouts.add(f"{parent}/{base[4:]}")
+        return
+    scan.entries.add(path)
+    if member.issym():
+        target = member.linkname
+        scan.symlinks[path] = target if target.startswith("/") else f"{parent}/{target}"
+        return
+    if member.islnk():
+        linked = normalise(member.linkname)
+        if linked is None:
+            scan.warnings.append(
+                f"skipped hard link {path}: its target {member.linkname!r} escapes the image root"
+            )
+        else:
+            scan.hardlinks[path] = linked
+        return
+    found: list[Finding] = []
+    named = path_finding(path)
+    if named is not None:
+        found.append(named)
+    if member.isfile() and member.size >= 4:
+        handle = tar.extractfile(member)
+        if handle is not None:
+            if wants_content(path) and member.size <= SMALL_FILE_LIMIT:
+                small = small_file_finding(path, handle.read(SMALL_FILE_LIMIT))
+                if small is not None:
+                    found.append(small)
+            else:
+                head = handle.read(4)
+                if head == ELF_MAGIC:
+                    found.extend(_read_elf_member(handle, head, member.size, path, scan, spool_dir))
+    if found:
+        scan.findings[path] = found
+
+
+def _read_elf_member(
+    handle: IO[bytes],
+    head: bytes,
+    size: int,
+    path: str,
+    scan: LayerScan,
+    spool_dir: Path | None,
+) -> list[Finding]:
+    with tempfile.SpooledTemporaryFile(
+        max_size=SPOOL_MEMORY, dir=str(spool_dir) if spool_dir else None
+    ) as spool:
+        spool.write(head)
+        shutil.copyfileobj(handle, spool, _READ_CHUNK)
+        try:
+            elf = read_elf(spool, size)
+            return elf_findings(spool, elf, path)
+        except (ElfError, FatbinError, OffloadError) as exc:
+            scan.warnings.append(f"skipped {path}: {exc}")
+            return []
+
+
+def _ancestors(path: str) -> Iterable[str]:
+    parts = path.split("/")
+    for i in range(1, len(parts)):
+        yield "/".join(parts[:i]) or "/"
+
+
+def _hidden_by(path: str, scan: LayerScan) -> bool:
+    """Whether the layer ``scan`` replaces, whites out or hides ``path`` of a lower layer."""
+    if path in scan.entries or path in scan.whiteouts:
+        return True
+    return any(a in scan.whiteouts or a in scan.opaque for a in _ancestors(path))
+
+
+def resolve(path: str, links: dict[str, str]) -> str:
+    """``path`` with every symlink on the way followed, inside the image root (``..`` at the
+    root stays there); raises ``ElfError`` naming a loop."""
+    pending = deque(p for p in path.split("/") if p)
+    resolved: list[str] = []
+    hops = 0
+    while pending:
+        part = pending.popleft()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if resolved:
+                resolved.pop()
+            continue
+        candidate = "/" + "/".join([*resolved, part])
+        target = links.get(candidate)
+        if target is None:
+            resolved.append(part)
+            continue
+        hops += 1
+        if hops > _MAX_SYMLINK_HOPS:
+            raise ElfError(f"too many levels of symbolic links (a loop through {candidate})")
+        if target.startswith("/"):
+            resolved = []
+        pending.extendleft(reversed([p for p in target.split("/") if p]))
+    return "/" + "/".join(resolved)
+
+
+def merge_layers(scans: Sequence[LayerScan]) -> ImageContents:
+    """The image's findings, lowest layer first, as its merged filesystem shows them."""
+    files: dict[str, list[Finding]] = {}
+    links: dict[str, str] = {}
+    warnings: list[str] = []
+    for scan in scans:
+        for path in [p for p in files if _hidden_by(p, scan)]:
+            del files[path]
+        for path in [p for p in links if _hidden_by(p, scan)]:
+            del links[path]
+        files.update(scan.findings)
+        links.update(scan.symlinks)
+        for link, target in scan.hardlinks.items():
+            if target in files:
+                files[link] = [f.moved(link) for f in files[target]]
+        warnings.extend(scan.warnings)
+    findings = [f for path in sorted(files) for f in files[path]]
+    # a library's name counts as evidence only when the file is a library (an ELF)
+    elves = {f.path for f in findings if f.kind == ELF}
+    findings = [f for f in findings if not _named_library(f) or f.path in elves]
+    findings.extend(_via_symlinks(links, files, warnings))
+    findings.extend(_wheel_runtimes(findings))
+    seen: set[tuple[str, str, str, str]] = set()
+    unique = []
+    for finding in findings:  # e.g. one glibc-hwcaps directory seen through each of its files
+        key = (finding.kind, finding.path, finding.section, finding.value)
+        if key not in seen:
+            seen.add(key)
+            unique.append(finding)
+    return ImageContents(
+        tuple(unique),
+        tuple(warnings),
+        len(scans),
+        sum(s.bytes_read for s in scans),
+    )
+
+
+def _named_library(finding: Finding) -> bool:
+    return finding.kind == LIBCUDART or (
+        finding.kind == CUDA_RUNTIME and finding.section == "file name"
+    )
+
+
+def _via_symlinks(
+    links: dict[str, str], files: dict[str, list[Finding]], warnings: list[str]
+) -> list[Finding]:
+    """A symlink named like evidence (``libcudart.so.12.8.90``) counts when it leads to an
+    ELF in the image; a loop is skipped with a warning."""
+    found: list[Finding] = []
+    for link in sorted(links):
+        named = path_finding(link)
+        if named is None or named.kind not in (CUDA_RUNTIME, LIBCUDART):
+            continue
+        try:
+            target = resolve(link, links)
+        except ElfError as exc:
+            warnings.append(f"skipped {link}: {exc}")
+            continue
+        if any(f.kind == ELF for f in files.get(target, [])):
+            found.append(named)
+    return found
+
+
+def _wheel_runtimes(findings: Iterable[Finding]) -> list[Finding]:
+    """The pip wheel's ``libcudart.so.12`` has no minor in its name: the version is that of
+    the ``nvidia_cuda_runtime_cu12-X.Y.Z.dist-info`` in the same site-packages."""
+    dist_infos = [f for f in findings if f.kind == DIST_INFO]
+    found: list[Finding] = []
+    for library in (f for f in findings if f.kind == LIBCUDART):
+        site = library.path[: library.path.rindex("/nvidia/cuda_runtime/lib/")]
+        for info in dist_infos:
+            if info.path.rsplit("/", 1)[0] == site and info.version[0] == library.version[0]:
+                version = info.version[1:]
+                found.append(
+                    Finding(
+                        CUDA_RUNTIME,
+                        library.path,
+                        info.path.rsplit("/", 1)[1],
+                        ".".join(map(str, version)),
+                        version=version,
+                    )
+                )
+    return found
