@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import contextlib
 import hashlib
 import json
 import os
@@ -265,33 +264,6 @@ class Engine:
         )
         if response.status_code not in (200, 404, 409):
             raise self._fail(response, f"remove tag {ref}")
-
-    @contextlib.contextmanager
-    def export_image(self, ref: str) -> Iterator[Iterator[bytes]]:
-        """``GET /images/{ref}/get`` (``docker save``): the image as a tar stream, in chunks
-        as they arrive; nothing is held beyond one chunk."""
-        what = f"export {ref}"
-
-        def chunks(response: httpx.Response) -> Iterator[bytes]:
-            try:
-                yield from response.iter_bytes(1 << 20)
-            except httpx.TransportError as exc:
-                raise EngineError(
-                    f"{what}: connection to the Docker engine lost ({exc or type(exc).__name__})"
-                ) from exc
-
-        try:
-            with self._http.stream("GET", f"/images/{quote(ref, safe='')}/get") as response:
-                if response.status_code == 404:
-                    raise InvalidInputError(f"{ref}: no such local image")
-                if response.status_code != 200:
-                    response.read()
-                    raise self._fail(response, what)
-                yield chunks(response)
-        except httpx.TransportError as exc:
-            raise EngineError(
-                f"Docker engine at {self.host} is not reachable ({exc or type(exc).__name__})"
-            ) from exc
 
     @contextlib.contextmanager
     def export_image(self, ref: str) -> Iterator[Iterator[bytes]]:
