@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -27,6 +28,7 @@ import pytest
 from docker_variant import devstack
 from docker_variant.errors import InvalidInputError
 from docker_variant.providers import nvidia
+from docker_variant.scheduler import Store
 from docker_variant.scheduler.__main__ import main
 from docker_variant.scheduler.agent import (
     MAX_BACKOFF_S,
@@ -38,7 +40,8 @@ from docker_variant.scheduler.agent import (
     nvml_health,
     read_agent_providers_file,
 )
-from test_scheduler_support import H200_R580, INDEX, X86_V3, gpu_lists
+from docker_variant.scheduler.tokens import load_tokens
+from test_scheduler_support import H200_R580, INDEX, X86_V3, SchedulerServer, gpu_lists
 
 TESTS = Path(__file__).parent
 FAKE_NVML_DIR = TESTS / "fakenvml"
@@ -473,3 +476,33 @@ def test_an_unhealthy_gpu_degrades_the_placement_holding_it(
     listed = httpx.get(f"{scheduler.url}/v1/placements", params={"state": "degraded"}).json()
     assert [p["id"] for p in listed["placements"]] == [placed["id"]]
     assert "uncorrectable ECC error" in agent.text()
+
+
+def test_the_agent_sends_its_token_and_takes_a_rotated_one(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        '[[token]]\nrole = "agent"\nagent_id = "node"\ntoken = "agent-token-0123456789"\n'
+    )
+    token_file = tmp_path / "agent.token"
+    token_file.write_text("stale-token-0123456789\n")
+    providers = providers_report(tmp_path / "node.json")
+    store = Store.open(f"sqlite:///{tmp_path / 'scheduler.db'}")
+    try:
+        with SchedulerServer(store, tokens=load_tokens(tokens)) as server:
+            settings = AgentSettings(
+                server.url, "node", token_file=token_file, providers_file=providers
+            )
+            agent = Agent(settings)
+            with pytest.raises(httpx.HTTPStatusError, match="401 the bearer token is not valid"):
+                agent.beat()
+            token_file.write_text("agent-token-0123456789\n")  # rotated on disk
+            with pytest.raises(httpx.HTTPStatusError):
+                agent.beat()  # this one still carried the old token; it re-read the file
+            assert agent.beat()["devices"]["cuda"]["free"] == ["GPU-0", "GPU-1"]
+            agent.close()
+            other = Agent(replace(settings, agent_id="someone-else"))
+            with pytest.raises(httpx.HTTPStatusError, match="403"):
+                other.beat()  # an agent's token reports its own agent only
+            other.close()
+    finally:
+        store.close()
