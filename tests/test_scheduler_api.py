@@ -228,7 +228,11 @@ def test_agent_re_report_keeps_allocations(api: httpx.Client) -> None:
         "allocated": ["GPU-0"],
         "missing": ["GPU-1"],
     }
-    assert api.get(f"/v1/placements/{placement['id']}").json() == placement
+    # the same placement, degraded now that GPU-1 has vanished (SPEC 8: state)
+    shown = api.get(f"/v1/placements/{placement['id']}").json()
+    degraded = shown.pop("degraded")
+    assert shown == placement | {"state": "degraded"}
+    assert degraded["reason"] == "agent node: device cuda/GPU-1 is no longer reported"
     second = place(api, 1, 3).json()
     assert second["allocations"][0]["devices"] == ["GPU-2", "GPU-3", "GPU-7"]
     assert place(api, 1, 1).status_code == 409  # GPU-0 stays taken, GPU-1 is gone

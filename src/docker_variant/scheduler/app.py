@@ -6,9 +6,11 @@
 | ``GET /v1/agents[?resource_group=G]``, ``GET /v1/agents/{agent_id}`` | agents, free and allocated devices |
 | ``DELETE /v1/agents/{agent_id}`` | admin: drain (delete its placements) and deregister |
 | ``POST /v1/placements`` | place an image (or an index) on nodes: 201, or 409 with per-variant reasons |
-| ``GET /v1/placements``, ``GET``/``DELETE /v1/placements/{id}`` | placements; DELETE frees the devices |
+| ``GET /v1/placements[?state=degraded]``, ``GET``/``DELETE /v1/placements/{id}`` | placements; DELETE frees the devices |
+| ``POST /v1/placements/{id}/replace`` | move a degraded placement onto healthy devices: 201, or 409 |
 | ``POST /v1/what-if`` | would it place now; else how many nodes of each template would make it (``whatif.py``) |
 | ``GET /healthz`` | 200 when the database answers, else 503 |
+| ``GET /metrics`` | Prometheus text: placements by state (any valid token) |
 | ``GET /ui`` | the fleet view, one HTML page (``ui.py``); a browser may send the token as a Basic password |
 
 Errors are one line in ``{"errors": [{"code", "message", "detail"}]}``: 400 bad input, 401
@@ -25,7 +27,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from docker_variant.errors import InvalidInputError
@@ -41,7 +43,7 @@ from docker_variant.scheduler.documents import (
     parse_placement_request,
 )
 from docker_variant.scheduler.placement import Refusal
-from docker_variant.scheduler.store import Store
+from docker_variant.scheduler.store import STATES, Store
 from docker_variant.scheduler.tokens import ANONYMOUS, Principal, TokenTable
 from docker_variant.scheduler.whatif import parse_what_if, what_if
 from docker_variant.serving import (
@@ -179,7 +181,9 @@ def create_app(
     async def list_agents(request: Request) -> Response:
         caller(request)
         group = request.query_params.get("resource_group")
-        return JSONResponse({"agents": await run_in_threadpool(store.list_agents, group)})
+        views = await run_in_threadpool(store.list_agents, group)
+        shares = await run_in_threadpool(store.pool_summary, group)  # free shares, fragmentation
+        return JSONResponse({"agents": views, "pool": shares})
 
     @_guard
     async def get_agent(request: Request) -> Response:
@@ -260,7 +264,10 @@ def create_app(
     @_guard
     async def list_placements(request: Request) -> Response:
         who = caller(request, "client")
-        documents = await run_in_threadpool(store.list_placements)
+        state = request.query_params.get("state")
+        if state is not None and state not in STATES:
+            raise InvalidInputError(f"state {state!r} is not one of {', '.join(STATES)}")
+        documents = await run_in_threadpool(store.list_placements, state)
         mine = [d for d in documents if who.may_own(d.get("owner"))]
         return JSONResponse({"placements": mine})
 
@@ -280,6 +287,34 @@ def create_app(
         return JSONResponse(document)
 
     @_guard
+    async def replace_placement(request: Request) -> Response:
+        placement_id, _ = await owned(request)
+        wanted = await run_in_threadpool(store.placement_request, placement_id)
+        if wanted is None:
+            message = f"placement {placement_id} was made before replace was possible"
+            return JSONResponse({"message": message, "reasons": {}}, 409)
+        if wanted.index is not None:
+            index = wanted.index
+
+            def image_of(candidate: Candidate) -> str:
+                return candidate.tag
+
+        else:
+            assert wanted.image is not None
+            reference, index = await run_in_threadpool(fetch, check_registry(wanted.image))
+
+            def image_of(candidate: Candidate) -> str:
+                return str(reference.with_tag(candidate.tag))
+
+        outcome = await run_in_threadpool(store.replace, placement_id, index, wanted, image_of)
+        if outcome is None:
+            raise _NotFound(f"no placement {placement_id!r}")
+        if isinstance(outcome, Refusal):
+            message = f"placement {placement_id} cannot be replaced on {wanted.nodes} node(s)"
+            return JSONResponse({"message": message, "reasons": outcome.reasons}, 409)
+        return JSONResponse(outcome, 201, headers={"Location": f"/v1/placements/{placement_id}"})
+
+    @_guard
     async def delete_placement(request: Request) -> Response:
         placement_id, _ = await owned(request)
         if not await run_in_threadpool(store.delete_placement, placement_id):
@@ -291,6 +326,18 @@ def create_app(
         await run_in_threadpool(store.ping)
         # the database URL is for the operator of an unauthenticated loopback server only
         return JSONResponse({"status": "ok"} | ({} if tokens else {"database": store.url}))
+
+    @_guard
+    async def metrics(request: Request) -> Response:
+        caller(request)  # any valid token: a scraper's
+        states = await run_in_threadpool(store.placement_states)
+        lines = [
+            "# HELP variant_scheduler_placements Placements by state (degraded: a device "
+            "unhealthy or gone, or its agent past the TTL).",
+            "# TYPE variant_scheduler_placements gauge",
+            *(f'variant_scheduler_placements{{state="{s}"}} {n}' for s, n in states.items()),
+        ]
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     async def resolve(image: str) -> VariantIndex:
         return (await run_in_threadpool(fetch, check_registry(image)))[1]
@@ -304,6 +351,7 @@ def create_app(
     return Starlette(
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
             Route("/ui", fleet_view, methods=["GET", "POST"]),
             Route("/v1/agents", list_agents, methods=["GET"]),
             Route("/v1/agents/{agent_id}", put_agent, methods=["PUT"]),
@@ -314,5 +362,6 @@ def create_app(
             Route("/v1/what-if", post_what_if, methods=["POST"]),
             Route("/v1/placements/{placement_id}", get_placement, methods=["GET"]),
             Route("/v1/placements/{placement_id}", delete_placement, methods=["DELETE"]),
+            Route("/v1/placements/{placement_id}/replace", replace_placement, methods=["POST"]),
         ]
     )

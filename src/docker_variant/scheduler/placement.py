@@ -609,12 +609,13 @@ def _spare(
     rooms: Iterable[tuple[int, bool]], free: int, per_node: int, shares: int | None
 ) -> Spare:
     """Whole requests: the free devices. Shares: (the free devices a request must break,
-    the room on the partly used devices it fills, the free devices): nodes that can pack the
-    request on devices already partly used go first, the tightest of them first."""
+    the room on the devices it takes, the free devices), the devices being the partly used
+    ones with the least room that fits, then the free ones with the least: nodes that can
+    pack the request on devices already partly used go first, the tightest first."""
     if shares is None:
         return (free,)
-    partial = sorted(room for room, is_free in rooms if not is_free and room >= shares)
-    return (max(0, per_node - len(partial)), sum(partial[:per_node]), free)
+    fitting = sorted((is_free, room) for room, is_free in rooms if room >= shares)[:per_node]
+    return (sum(is_free for is_free, _ in fitting), sum(room for _, room in fitting), free)
 
 
 def _kinds(
@@ -846,7 +847,8 @@ class _Search:
         options = []
         for (name, class_key), members in groups.items():
             cls = self.classes[class_key]
-            if sum(len(kind.agents) for kind in members) >= self.nodes and cls.ranks:
+            enough = sum(len(kind.agents) for kind in members) >= self.nodes
+            if enough and cls.ranks and cls.first_choice in self.order:  # (``only``)
                 options.append((self.order[cls.first_choice], name, class_key))
         if not options:
             return None
