@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from conftest import RunningRegistry
 from docker_variant.scheduler import Store
@@ -25,6 +26,7 @@ from docker_variant.scheduler.tokens import load_tokens
 from docker_variant.scheduler.whatif import parse_what_if, what_if
 from docker_variant.variant import VariantIndex
 from imaging import ImageBuilder
+from test_fuzz import MUTATIONS, _mutate
 from test_scheduler_api import client_for, error_message, put_agent, sqlite_store, store
 from test_scheduler_security import TOKENS, TOKENS_TOML, bearer
 from test_scheduler_support import (
@@ -600,3 +602,39 @@ def test_cli_bad_input_is_exit_2_and_no_scheduler_is_exit_3(
     code, _, err = run_cli(["what-if", "--templates", str(templates), str(request),
                             "--scheduler", "ftp://x"], capsys)  # fmt: skip
     assert code == 2 and "--scheduler 'ftp://x'" in err
+
+
+# --------------------------------------------------------------------------- fuzz
+
+
+@pytest.fixture(scope="module")
+def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    """The API on SQLite with two nodes, for the fuzz test."""
+    root = tmp_path_factory.mktemp("whatif-fuzz")
+    with open_store("sqlite", root) as opened, client_for(opened) as api:
+        put_agent(api, "h200-0", agent_body(H200_R570, 4))
+        put_agent(api, "a100-0", agent_body(A100_R535, 2))
+        yield api
+
+
+VALID = {
+    "request": {"index": AMD64_ONLY, "nodes": 3, "devices_per_node": 2},
+    "templates": [
+        template("h200", H200_R570, 2, max_nodes=4, cost=2.5),
+        template("gh200", H200_R570, 1, host=GRACE, platform="linux/arm64"),
+    ],
+}
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(change=MUTATIONS)
+def test_any_what_if_body(fuzzed: httpx.Client, change: tuple[list[int], Any]) -> None:
+    """A mutated body is answered 200 or a one-line 400, never a 500."""
+    response = fuzzed.post("/v1/what-if", content=json.dumps(_mutate(VALID, *change)))
+    assert response.status_code in (200, 400), response.text
+    if response.status_code == 400:
+        error_message(response)
+    else:
+        assert set(response.json()) == {"fits_now", "variant", "options", "cheapest", "reasons"}
