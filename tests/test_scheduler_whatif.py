@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import random
 from collections.abc import Iterator
@@ -525,7 +526,10 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
 
 
 def test_cli_asks_a_running_scheduler_with_the_example_files(
-    sqlite_store: Store, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    sqlite_store: Store,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     templates, request = EXAMPLES / "templates.json", EXAMPLES / "request.json"
     tokens = tmp_path / "tokens.toml"
@@ -555,6 +559,11 @@ def test_cli_asks_a_running_scheduler_with_the_example_files(
         body = json.loads(request.read_text())
         listed = json.loads(templates.read_text())["templates"]
         assert ask_as(api, "alice", body, listed) == answer
+        # REQUEST "-": read from stdin
+        stdin = io.TextIOWrapper(io.BytesIO(request.read_bytes()))
+        monkeypatch.setattr("sys.stdin", stdin)
+        code, out, err = run_cli([*argv[:-1], "-", "--token-file", str(token)], capsys)
+        assert code == 0 and json.loads(out) == answer, err
         h200 = next(t for t in listed if t["name"] == "hgx-h200-r570")
         for i in range(4):
             headers = {"Authorization": f"Bearer {TOKENS['ops']}"}
