@@ -187,8 +187,8 @@ def test_a_gpu_lost_mid_run_keeps_its_neighbours_reported(
     fake_nvml: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """NVML still counts a GPU that fell off the bus, but its handle lookup fails with
-    GPU_IS_LOST, and the nvidia provider then reads no GPU at all; the agent keeps every GPU
-    it saw, marks the lost one and leaves the one that answers healthy."""
+    GPU_IS_LOST: the nvidia provider skips that GPU only; the agent keeps every GPU it saw,
+    marks the lost one and leaves the one that answers healthy."""
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)
     machine = healthy_machine()
     use(monkeypatch, tmp_path, machine)
@@ -197,7 +197,8 @@ def test_a_gpu_lost_mid_run_keeps_its_neighbours_reported(
     lost = copy.deepcopy(machine)
     lost["devices"][0]["nvmlError"] = "NVML_ERROR_GPU_IS_LOST"
     use(monkeypatch, tmp_path, lost)
-    assert nvidia.detect({}, fake_nvml, lambda _args: None).devices == {}  # the provider's view
+    # the provider's view: the GPU that answers, without the lost one
+    assert list(nvidia.detect({}, fake_nvml, lambda _args: None).devices) == uuids(machine)[1:]
     second = agent.report()
     assert second["devices"]["nvidia"] == first["devices"]["nvidia"]
     assert second["unhealthy"] == {"nvidia": [uuids(machine)[0]]}

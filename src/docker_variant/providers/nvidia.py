@@ -186,8 +186,9 @@ def _query_nvml(nvml: Any, error: Any) -> NvidiaSystem | None:
     driver = _text(nvml.nvmlSystemGetDriverVersion())
     gpus: list[Gpu] = []
     for index in range(int(nvml.nvmlDeviceGetCount())):
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
         try:
+            # GPU_IS_LOST is raised here, for a GPU that fell off the bus
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
             major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
             uuid = _text(nvml.nvmlDeviceGetUUID(handle))
             name = _text(nvml.nvmlDeviceGetName(handle))
