@@ -140,3 +140,99 @@ def test_concurrent_placements_and_heartbeats_never_share_a_device(
         views = httpx.get(f"{urls[1]}/v1/agents").json()["agents"]
         assert sum(len(v["devices"]["cuda"]["free"]) for v in views) == 24
         assert httpx.get(f"{urls[0]}/v1/placements").json() == {"placements": []}
+
+
+# --------------------------------------------------------------------------- failures, shares
+
+
+def live_devices(placements: list[dict[str, Any]]) -> Counter[tuple[str, str]]:
+    return Counter(
+        (a["agent_id"], d) for p in placements for a in p["allocations"] for d in a["devices"]
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_degraded_gang_is_replaced_while_20_placements_race(kind: str, tmp_path: Path) -> None:
+    # 14 nodes: the 20 placements (30 devices) cannot take every whole node, packed best-fit
+    agents = {f"h200-{i:02}": agent_body(H200_R570, 4) for i in range(14)}
+    with two_servers(kind, tmp_path) as urls:
+        for agent_id, body in agents.items():
+            httpx.put(f"{urls[0]}/v1/agents/{agent_id}", json=body).raise_for_status()
+        body = {"index": gpu_only_index(), "nodes": 2, "devices_per_node": 4}
+        gang = httpx.post(f"{urls[0]}/v1/placements", json=body).json()
+        victim = gang["allocations"][1]["agent_id"]
+        kept = gang["allocations"][0]["agent_id"]
+        # failure injection: the agent's next heartbeat says GPU-2 is unhealthy
+        sick = agents[victim] | {"unhealthy": {"cuda": ["GPU-2"]}}
+        httpx.put(f"{urls[1]}/v1/agents/{victim}", json=sick).raise_for_status()
+        degraded = httpx.get(f"{urls[0]}/v1/placements", params={"state": "degraded"}).json()
+        assert [p["id"] for p in degraded["placements"]] == [gang["id"]]
+        shapes = [(1, 1)] * 10 + [(1, 2)] * 6 + [(2, 1)] * 4
+        calls: list[tuple[str, str, dict[str, Any] | None]] = [
+            ("POST", f"{urls[0]}/v1/placements/{gang['id']}/replace", None)
+        ]
+        calls += [
+            (
+                "POST",
+                f"{urls[i % 2]}/v1/placements",
+                {"index": gpu_only_index(), "nodes": n, "devices_per_node": d},
+            )
+            for i, (n, d) in enumerate(shapes)
+        ]
+        answers = asyncio.run(storm(calls))
+        assert all(a.status_code in (201, 409) for a in answers), [a.text for a in answers]
+        replaced = answers[0]
+        listed = httpx.get(f"{urls[1]}/v1/placements").json()["placements"]
+        held = live_devices(listed)
+        assert all(n == 1 for n in held.values()), "a device is in two placements"
+        assert replaced.status_code == 201, replaced.text
+        assert (victim, "GPU-2") not in held  # an unhealthy device is never allocated
+        views = httpx.get(f"{urls[0]}/v1/agents").json()["agents"]
+        taken = {(v["agent_id"], d) for v in views for d in v["devices"]["cuda"]["allocated"]}
+        assert taken == set(held)
+        shown = httpx.get(f"{urls[1]}/v1/placements/{gang['id']}").json()
+        assert shown == replaced.json() and shown["state"] == "active"
+        nodes = [a["agent_id"] for a in shown["allocations"]]  # the kept one, one healthy one
+        assert nodes[0] == kept and victim not in nodes and len(set(nodes)) == 2
+        assert all(len(a["devices"]) == 4 for a in shown["allocations"])
+        assert shown["variant"] == gang["variant"]
+        made = [a for a in answers[1:] if a.status_code == 201]
+        assert made, "nothing was placed"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_shares_are_never_over_committed(kind: str, tmp_path: Path) -> None:
+    with two_servers(kind, tmp_path) as urls:
+        body = agent_body(H200_R570, 2) | {"capacity": {"cuda": {"GPU-1": 2}}}
+        httpx.put(f"{urls[0]}/v1/agents/only", json=body).raise_for_status()
+        fraction = {"index": INDEX, "nodes": 1, "devices_per_node": 1, "shares_per_device": 0.3}
+        whole = {"index": INDEX, "nodes": 1, "devices_per_node": 1}
+        calls: list[tuple[str, str, dict[str, Any] | None]] = [
+            ("POST", f"{urls[i % 2]}/v1/placements", whole if i % 8 == 0 else fraction)
+            for i in range(40)
+        ]
+        answers = asyncio.run(storm(calls))
+        assert all(a.status_code in (201, 409) for a in answers), [a.text for a in answers]
+        listed = httpx.get(f"{urls[1]}/v1/placements").json()["placements"]
+        used: dict[str, float] = {}
+        wholes: Counter[str] = Counter()
+        for p in listed:
+            (allocation,) = p["allocations"]
+            (device,) = allocation["devices"]
+            if "shares_per_device" in p:
+                used[device] = used.get(device, 0.0) + p["shares_per_device"]
+            else:
+                wholes[device] += 1
+        capacity = {"GPU-0": 1.0, "GPU-1": 2.0}
+        for device, shares in used.items():
+            assert shares <= capacity[device] + 1e-9, (device, shares)
+            assert not wholes[device], f"{device} is shared and taken whole"
+        assert all(n == 1 for n in wholes.values())
+        # the pool is full: what is free is too little for another 0.3 share or a whole GPU
+        figures = httpx.get(f"{urls[0]}/v1/agents").json()["pool"]
+        assert figures["free_shares"] == pytest.approx(
+            3.0 - sum(used.values()) - sum(capacity[d] for d in wholes)
+        )
+        assert all(
+            r < 0.3 for r in [capacity[d] - used.get(d, 0.0) for d in capacity if d not in wholes]
+        )

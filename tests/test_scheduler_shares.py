@@ -11,8 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import insert, update
+from sqlalchemy.exc import IntegrityError
 
 from docker_variant.scheduler.documents import SHARE, AgentReport, parse_agent_report
+from docker_variant.scheduler.models import device_usage
 from docker_variant.scheduler.placement import Plan, Pool, build_pool, plan, pool_shares
 from docker_variant.variant import VariantIndex
 from test_scheduler_api import client_for, place, put_agent
@@ -221,3 +224,19 @@ def test_100_random_requests_add_up_and_fragment_less_than_first_fit(
         )
     assert ours_end < theirs_end
     assert ours_mean < theirs_mean
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_the_database_refuses_shares_past_a_devices_capacity(kind: str, tmp_path: Path) -> None:
+    with open_store(kind, tmp_path) as store, client_for(store) as api:
+        put_agent(api, "a", shares_body(1))
+        assert devices(placed(api, 1, 1, 0.75)) == [("a", "GPU-0")]
+        key = {"agent_id": "a", "device_name": "cuda", "device_id": "GPU-0"}
+        with pytest.raises(IntegrityError), store.engine.begin() as conn:  # past the capacity
+            conn.execute(
+                update(device_usage)
+                .where(*(device_usage.c[k] == v for k, v in key.items()))
+                .values(used=device_usage.c.used + SHARE // 2)
+            )
+        with pytest.raises(IntegrityError), store.engine.begin() as conn:  # a second row
+            conn.execute(insert(device_usage).values(**key, used=SHARE, capacity=SHARE, whole=True))
