@@ -256,5 +256,9 @@ def configure_logging(level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # Nothing here logs the caller's file and line, thread or process: not looking them up
+    # saves a third of each access log line's cost (the logging HOWTO's "Optimization").
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     # httpx logs every upstream request at INFO; the access log already has one line each
     logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))

@@ -1,13 +1,18 @@
 """Answers from the raw upstream pool (``upstreampool``) sent down; large bodies by a thread.
 
-A body over ``THREAD_RELAY_MIN`` bytes with a ``Content-Length`` (blob layers) is relayed by
-a thread of its own between the upstream socket and the client's socket (lent by uvicorn,
-see ``handoff``), through one reused 1 MiB buffer: ``recv_into`` then ``send``, blocking,
-so a slow client holds back the upstream through the kernel's socket buffers and the memory
-per blob stays one buffer. Measured on this machine (issue 8): uvicorn's ASGI body path
-reached 0.51-0.87 of the registry's direct throughput for a 256 MiB blob, this relay 0.9 and
-more (see the README's benchmark table); ``os.splice`` through a pipe reached only 0.72-0.75
-in a prototype, as it moves the copy to the receiving process.
+A body of ``THREAD_RELAY_MIN`` bytes or more with a ``Content-Length`` (blob layers) is
+relayed by a thread of its own from the upstream socket to the client's socket (lent by
+uvicorn, see ``handoff``), blocking, so a slow client holds back the upstream through the
+kernel's socket buffers; per blob the proxy holds one 1 MiB pipe (or buffer), never more.
+The thread ``splice``s the bytes through a pipe, so they never enter the process; where the
+kernel cannot splice, it copies through one reused 1 MiB buffer (``recv_into``/``send``).
+
+Measured here, 256 MiB blob, one registry, the designs side by side taking turns (curl,
+median of 7 to 9; issue 8; the machine shared with other work, load 4 to 5 on 2 cores):
+uvicorn's ASGI body path 0.52-0.56 of direct at 210-250 ms of proxy CPU per blob; the
+thread with a reused buffer 0.64-0.72 at 120-140 ms; the thread splicing 0.72-0.85 at 80-90
+ms. (A prototype on a quieter machine had put the buffer ahead of splice; measured side by
+side here, splice won every run.) A 4 MiB buffer or a 256 KiB pipe measured no better.
 
 Everything else (small bodies, chunked ones, TLS on either side) is streamed through ASGI
 messages as they arrive, with the upstream connection closed at once if the caller hangs up.

@@ -14,6 +14,10 @@ body, as when a streamed body breaks off).
 
 Only plain-HTTP connections get the extension: under TLS the bytes must go through the
 transport's SSL layer, so apps fall back to ASGI messages there.
+
+The protocol also holds a response head back until the body's first write, or the end of
+the event loop's turn: uvicorn writes head and body separately, so a small answer (a
+manifest) cost two syscalls and two TCP segments, and the caller woke up twice.
 """
 
 from __future__ import annotations
@@ -30,6 +34,45 @@ __all__ = ["EXTENSION", "HandoffHttpToolsProtocol", "SocketHandoff", "socket_han
 EXTENSION = "docker_variant.socket_handoff"
 
 
+class _HeadHeldTransport:
+    """The connection's transport, as one request's cycle sees it: its first write (the
+    response head) is held until the next write or the loop's next turn, then sent with it."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+        self._first = True
+
+    def write(self, data: bytes) -> None:
+        if self._first:
+            self._first = False
+            self._held = data
+            self._loop.call_soon(self.flush)
+            return
+        held, self._held = self._held, None
+        self._transport.write(held + data if held is not None else data)
+
+    def flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_write_buffer_size(self) -> int:
+        self.flush()
+        return self._transport.get_write_buffer_size()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class SocketHandoff:
     """One request's claim on its connection's socket; all methods run on the event loop."""
 
@@ -44,6 +87,7 @@ class SocketHandoff:
         cycle, transport = self._cycle, self._protocol.transport
         if not cycle.response_started or cycle.response_complete or self._lent is not None:
             return None
+        cycle.transport.get_write_buffer_size()  # sends a held head
         # uvloop writes the head at once; a full socket buffer would keep some of it back
         while not cycle.disconnected and transport.get_write_buffer_size():
             await asyncio.sleep(0.001)
@@ -90,7 +134,10 @@ class HandoffHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         cycle = self.cycle
-        if self.scheme == "http" and cycle is not None and cycle.scope is self.scope:
+        if cycle is None or cycle.scope is not self.scope:
+            return  # an upgrade, not a request cycle
+        cycle.transport = cast(asyncio.Transport, _HeadHeldTransport(self.transport, self.loop))
+        if self.scheme == "http":
             scope = cast(dict[str, Any], self.scope)
             scope.setdefault("extensions", {})[EXTENSION] = SocketHandoff(self, cycle)
 

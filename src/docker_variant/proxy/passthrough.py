@@ -67,11 +67,13 @@ _REWRITTEN = frozenset({b"location", b"content-location", b"link"})
 _CHECK_BODY_LIMIT = 4 << 20  # a manifest's size limit
 
 
-def _connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
+def _connection_tokens(
+    headers: Iterable[tuple[bytes, bytes]], lowered: bool = False
+) -> frozenset[bytes]:
     """Header names listed in ``Connection`` are hop-by-hop too (RFC 9110 7.6.1)."""
     tokens: set[bytes] = set()
     for key, value in headers:
-        if key.lower() == b"connection":
+        if (key if lowered else key.lower()) == b"connection":
             tokens.update(t.strip().lower() for t in value.split(b",") if t.strip())
     return frozenset(tokens)
 
@@ -225,9 +227,10 @@ class Upstream:
 
     def request_headers(self, request: Request) -> list[tuple[bytes, bytes]]:
         raw = request.scope.get("headers", [])
-        tokens = _connection_tokens(raw)
+        # ASGI servers give header names in lower case
+        tokens = _connection_tokens(raw, lowered=True)
         drop = _REQUEST_DROP_RAW | tokens if tokens else _REQUEST_DROP_RAW
-        return [(k, v) for k, v in raw if k.lower() not in drop]
+        return [(k, v) for k, v in raw if k not in drop]
 
     def response_headers(
         self,
@@ -331,7 +334,7 @@ class Upstream:
         if query:
             target += "?" + query.decode("latin-1")
         lines = [f"{method} {target} HTTP/1.1".encode(), self._host_header]
-        if not any(k.lower() == b"user-agent" for k, _ in headers):
+        if not any(k == b"user-agent" for k, _ in headers):  # names from ASGI: lower case
             lines.append(self._user_agent)
         lines += [k + b": " + v for k, v in headers]
         lines.append(b"\r\n")
