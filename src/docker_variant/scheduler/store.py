@@ -54,6 +54,8 @@ from sqlalchemy import (
     insert,
     inspect,
     select,
+    true,
+    tuple_,
 )
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
@@ -246,20 +248,38 @@ def _take(conn: Connection, placement_id: str, plan_: Plan) -> list[tuple[Device
             for (agent_id, name, device_id), _ in keyed
         ],
     )
-    rows = [
-        {
-            "agent_id": agent_id,
-            "device_name": name,
-            "device_id": device_id,
-            "used": capacity if shares is None else shares,
-            "capacity": capacity,
-            "whole": shares is None,
-        }
-        for (agent_id, name, device_id), capacity in keyed
-    ]
     if shares is None:  # the primary key refuses a device anything else uses
-        conn.execute(insert(device_usage), rows)
+        # one statement from the rows just written (a gang may take thousands of devices)
+        taken = (
+            select(
+                allocations.c.agent_id,
+                allocations.c.device_name,
+                allocations.c.device_id,
+                devices.c.capacity.label("used"),
+                devices.c.capacity,
+                true().label("whole"),
+            )
+            .join_from(allocations, devices, _same_device(allocations, devices))
+            .where(
+                allocations.c.placement_id == placement_id,
+                allocations.c.agent_id.in_(sorted({a.agent_id for a in plan_.allocations})),
+            )
+            .order_by(allocations.c.agent_id, allocations.c.device_name, allocations.c.device_id)
+        )
+        columns = ["agent_id", "device_name", "device_id", "used", "capacity", "whole"]
+        conn.execute(insert(device_usage).from_select(columns, taken))
     else:  # the check refuses the sum past the capacity, and any share of a whole device
+        rows = [
+            {
+                "agent_id": agent_id,
+                "device_name": name,
+                "device_id": device_id,
+                "used": shares,
+                "capacity": capacity,
+                "whole": False,
+            }
+            for (agent_id, name, device_id), capacity in keyed
+        ]
         dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
         upsert = dialect.insert(device_usage)
         conn.execute(
@@ -287,27 +307,38 @@ def _free(conn: Connection, which: Any) -> list[tuple[DeviceKey, int | None]]:
     freed = [((a, n, d), s) for a, n, d, s in conn.execute(query)]
     if not freed:
         return []
-    conn.execute(delete(allocations).where(which))
-    key = and_(
-        device_usage.c.agent_id == bindparam("a"),
-        device_usage.c.device_name == bindparam("n"),
-        device_usage.c.device_id == bindparam("d"),
-    )
-    rows = [
-        {"a": a, "n": n, "d": d, "s": s or 0} for (a, n, d), s in sorted(freed, key=lambda f: f[0])
+    if any(s is None for _, s in freed):  # whole devices: their rows are theirs alone
+        whole = select(
+            allocations.c.agent_id, allocations.c.device_name, allocations.c.device_id
+        ).where(which, allocations.c.shares.is_(None))
+        key = tuple_(device_usage.c.agent_id, device_usage.c.device_name, device_usage.c.device_id)
+        conn.execute(device_usage.delete().where(device_usage.c.whole, key.in_(whole)))
+    # shares: rows other placements share, changed one by one in key order (no deadlock)
+    partly = [
+        {"a": a, "n": n, "d": d, "s": s} for (a, n, d), s in sorted(freed, key=lambda f: f[0]) if s
     ]
-    partly = [row for row in rows if row["s"]]
     if partly:
+        one = and_(
+            device_usage.c.agent_id == bindparam("a"),
+            device_usage.c.device_name == bindparam("n"),
+            device_usage.c.device_id == bindparam("d"),
+        )
         give_back = (
-            device_usage.update().where(key).values(used=device_usage.c.used - bindparam("s"))
+            device_usage.update().where(one).values(used=device_usage.c.used - bindparam("s"))
         )
         conn.execute(give_back, partly)
-    # a device taken whole, or whose last share went, is unused
-    conn.execute(
-        device_usage.delete().where(key, (device_usage.c.used <= 0) | device_usage.c.whole),
-        [{"a": r["a"], "n": r["n"], "d": r["d"]} for r in rows],
-    )
+        # a device whose last share went is unused
+        conn.execute(device_usage.delete().where(one, device_usage.c.used <= 0), partly)
+    conn.execute(delete(allocations).where(which))
     return freed
+
+
+def _same_device(one: Any, other: Any) -> Any:
+    return and_(
+        one.c.agent_id == other.c.agent_id,
+        one.c.device_name == other.c.device_name,
+        one.c.device_id == other.c.device_id,
+    )
 
 
 class Store:
