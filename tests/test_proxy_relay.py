@@ -97,12 +97,11 @@ def _settles(check: Callable[[], bool]) -> bool:
     return True
 
 
-def _relayed_bytes(proxy: devstack.Service) -> float:
+def _relayed_bytes(proxy: devstack.Service, mode: str | None = None) -> float:
     text = httpx.get(f"{proxy.url}/metrics").text
+    prefix = "variant_proxy_relayed_bytes_total{" + (f'mode="{mode}"' if mode else "")
     return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("variant_proxy_relayed_bytes_total{")
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)
     )
 
 
@@ -170,8 +169,30 @@ def test_big_blob_is_byte_exact_and_relayed_by_a_thread(
             size += len(chunk)
     assert size == len(data)
     assert "sha256:" + hasher.hexdigest() == digest
-    # the body went through the relay thread, not through ASGI messages
-    assert _relayed_bytes(proxy) - before == len(data)
+    # the body went through the relay thread, spliced, not through ASGI messages
+    assert _relayed_bytes(proxy, "splice") - before == len(data)
+
+
+@pytest.mark.parametrize("mode", ["copy", "asgi"])
+def test_other_relay_designs_are_byte_exact(
+    tmp_path: Path, registry: RunningRegistry, big_blob: tuple[str, bytes], mode: str
+) -> None:
+    digest, data = big_blob
+    proxy = devstack.start_proxy(registry.url, tmp_path / "proxy", extra=["--blob-relay", mode])
+    try:
+        answer = httpx.get(f"{proxy.url}/v2/relay/blobs/blobs/{digest}", timeout=60)
+        assert answer.status_code == 200
+        assert hashlib.sha256(answer.content).hexdigest() == digest.removeprefix("sha256:")
+        part = httpx.get(
+            f"{proxy.url}/v2/relay/blobs/blobs/{digest}",
+            headers={"Range": "bytes=1048576-"},
+            timeout=60,
+        )
+        assert part.status_code == 206 and part.content == data[1 << 20 :]
+        relayed = _relayed_bytes(proxy, "copy")
+        assert relayed == (2 * len(data) - (1 << 20) if mode == "copy" else 0)
+    finally:
+        proxy.stop()
 
 
 def test_ranges_small_and_large(proxy: devstack.Service, big_blob: tuple[str, bytes]) -> None:

@@ -24,6 +24,7 @@ from docker_variant.proxy.app import (
     check_upstream_url,
     create_app,
 )
+from docker_variant.proxy.blobrelay import RELAY_MODES
 from docker_variant.proxy.handoff import HandoffHttpToolsProtocol
 from docker_variant.serving import (
     LOG_LEVELS,
@@ -99,6 +100,13 @@ def _parser() -> argparse.ArgumentParser:
         help="enable POST /_notify for the registry's notification webhook; callers send "
         f"'Authorization: Bearer <the file's content>' (or set ${NOTIFY_ENV})",
     )
+    parser.add_argument(
+        "--blob-relay",
+        choices=RELAY_MODES,
+        default=RELAY_MODES[0],
+        help="how large blob bodies go down: a thread splicing the sockets (default), a "
+        "thread copying through one buffer, or ASGI messages (TLS listeners always stream)",
+    )
     add_tls_arguments(parser, client_ca=False)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
@@ -135,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             upstream_timeout=args.upstream_timeout,
             cache_url=args.cache,
             notify_secret=secret,
+            blob_relay=args.blob_relay,
         )
     except InvalidInputError as exc:
         parser.error(str(exc))

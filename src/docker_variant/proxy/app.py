@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from docker_variant.errors import InvalidInputError, one_line
 from docker_variant.jsondoc import load_json
+from docker_variant.proxy.blobrelay import RELAY_MODES
 from docker_variant.proxy.cache import open_store
 from docker_variant.proxy.metrics import CONTENT_TYPE_LATEST, ROUTE_KIND, AccessLog, ProxyMetrics
 from docker_variant.proxy.names import PathError, Route, RouteKind, parse_v2_path
@@ -69,6 +70,7 @@ def create_app(
     max_connections: int = 256,
     cache_url: str | None = None,
     notify_secret: str | None = None,
+    blob_relay: str = RELAY_MODES[0],
 ) -> Starlette:
     """The proxy for ``upstream_url``; ``cache_ttl`` bounds how stale an index may be
     (0 disables the cache); ``upstream_timeout`` bounds an index scan and the wait for
@@ -76,12 +78,17 @@ def create_app(
 
     ``cache_url`` (``redis://...``) shares the index cache with other replicas; ``None``
     keeps it in this process. ``notify_secret`` enables ``POST /_notify`` for the
-    registry's notification webhook, called with ``Authorization: Bearer <secret>``."""
+    registry's notification webhook, called with ``Authorization: Bearer <secret>``.
+    ``blob_relay`` is how large blob bodies go down (``blobrelay.RELAY_MODES``)."""
     base_url = check_upstream_url(upstream_url)
     if cache_ttl < 0:
         raise InvalidInputError(f"cache TTL must be >= 0 seconds, got {cache_ttl}")
     if upstream_timeout <= 0:
         raise InvalidInputError(f"upstream timeout must be > 0 seconds, got {upstream_timeout}")
+    if blob_relay not in RELAY_MODES:
+        raise InvalidInputError(
+            f"invalid blob relay {blob_relay!r}: expected one of {', '.join(RELAY_MODES)}"
+        )
     metrics = ProxyMetrics()
     cache = open_store(cache_url, cache_ttl)
     state: dict[str, Any] = {}
@@ -97,6 +104,7 @@ def create_app(
             timeout=upstream_timeout,
             connect_timeout=connect_timeout,
             max_connections=max_connections,
+            blob_relay=blob_relay,
         )
         state["service"] = VariantService(upstream, cache, metrics)
         await cache.start()

@@ -46,6 +46,7 @@ from docker_variant.proxy.metrics import RELAY_MODE, RELAYED_BYTES
 from docker_variant.proxy.upstreampool import Answer
 
 __all__ = [
+    "RELAY_MODES",
     "STALL_LIMIT_S",
     "THREAD_RELAY_MIN",
     "RelayedResponse",
@@ -55,6 +56,10 @@ __all__ = [
 log = logging.getLogger("docker_variant.proxy")
 
 THREAD_RELAY_MIN = 256 << 10  # smaller bodies are not worth a thread
+# How large bodies go down (``variant-proxy --blob-relay``): a thread splicing, a thread
+# copying through its buffer, or ASGI messages (no thread), so that the designs can be
+# compared side by side on any machine (bench/bench_proxy.py runs all three).
+RELAY_MODES = ("splice", "copy", "asgi")
 STALL_LIMIT_S = 300  # a client that takes no byte for this long is dropped
 _BUFFER_SIZE = 1 << 20  # the copy buffer, and the pipe between spliced sockets
 _SPLICE = hasattr(os, "splice") and hasattr(fcntl, "F_SETPIPE_SZ")
@@ -87,8 +92,14 @@ class _Relay:
     """One body, ``length`` bytes, from ``upstream`` to ``client`` in a thread."""
 
     def __init__(
-        self, client: socket.socket, upstream: socket.socket, first: list[bytes], length: int
+        self,
+        client: socket.socket,
+        upstream: socket.socket,
+        first: list[bytes],
+        length: int,
+        splice: bool,
     ) -> None:
+        self.splice = splice and _SPLICE
         self.client = client
         self.upstream = upstream
         self.first = first
@@ -109,7 +120,7 @@ class _Relay:
                 self._send(memoryview(chunk))
                 left -= len(chunk)
             self.first = []
-            if _SPLICE and left > 0:
+            if self.splice and left > 0:
                 left = self._splice(left)
             if left > 0:
                 buffer = _take_buffer()
@@ -220,7 +231,14 @@ class RelayedResponse(Response):
     so the connection is dropped and the caller sees a short body, not a silent one.
     """
 
-    def __init__(self, answer: Answer, headers: list[tuple[bytes, bytes]], what: str) -> None:
+    def __init__(
+        self,
+        answer: Answer,
+        headers: list[tuple[bytes, bytes]],
+        what: str,
+        mode: str = RELAY_MODES[0],
+    ) -> None:
+        self.mode = mode
         self.status_code = answer.status
         self.raw_headers = headers
         self.background = None
@@ -240,7 +258,7 @@ class RelayedResponse(Response):
                 await send(start)
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return
-            handoff = socket_handoff(scope)
+            handoff = socket_handoff(scope) if self.mode != "asgi" else None
             length = answer.length
             if handoff is not None and length is not None and length >= THREAD_RELAY_MIN:
                 detached = answer.detach()
@@ -266,13 +284,19 @@ class RelayedResponse(Response):
         if client is None:  # the caller is gone already
             upstream.close()
             return
-        relay = _Relay(client, upstream, first, length)
+        relay = _Relay(client, upstream, first, length, splice=self.mode == "splice")
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         worker = threading.Thread(
             target=relay.run, args=(loop, done), name="variant-proxy-blob-relay", daemon=True
         )
-        worker.start()
+        try:
+            worker.start()
+        except RuntimeError as exc:  # out of threads: this caller gets a short body
+            log.warning("no thread for a relay: %s", one_line(f"{self._what}: {exc}"))
+            upstream.close()
+            handoff.give_back(0, complete=False)
+            return
         try:
             await asyncio.shield(done)
         except asyncio.CancelledError:

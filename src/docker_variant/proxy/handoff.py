@@ -15,8 +15,8 @@ body, as when a streamed body breaks off).
 Only plain-HTTP connections get the extension: under TLS the bytes must go through the
 transport's SSL layer, so apps fall back to ASGI messages there.
 
-The protocol also holds a response head back until the body's first write, or the end of
-the event loop's turn: uvicorn writes head and body separately, so a small answer (a
+The protocol also holds a response head back until the body's first write, the response's
+end, or the end of the event loop's turn: uvicorn writes head and body separately, so a small answer (a
 manifest) cost two syscalls and two TCP segments, and the caller woke up twice.
 """
 
@@ -140,6 +140,13 @@ class HandoffHttpToolsProtocol(HttpToolsProtocol):
         if self.scheme == "http":
             scope = cast(dict[str, Any], self.scope)
             scope.setdefault("extensions", {})[EXTENSION] = SocketHandoff(self, cycle)
+
+    def on_response_complete(self) -> None:
+        # a HEAD answer (or any without a body) has no body write to carry its head
+        transport = self.cycle.transport if self.cycle is not None else None
+        if isinstance(transport, _HeadHeldTransport):
+            transport.flush()
+        super().on_response_complete()
 
 
 def socket_handoff(scope: dict[str, Any] | Any) -> SocketHandoff | None:

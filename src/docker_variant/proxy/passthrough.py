@@ -29,7 +29,7 @@ from starlette.types import Receive, Scope, Send
 from docker_variant import __version__
 from docker_variant.errors import one_line
 from docker_variant.oci.client import MANIFEST_ACCEPT
-from docker_variant.proxy.blobrelay import RelayedResponse, cancel_on_disconnect
+from docker_variant.proxy.blobrelay import RELAY_MODES, RelayedResponse, cancel_on_disconnect
 from docker_variant.proxy.names import Route, RouteKind
 from docker_variant.proxy.responses import upstream_error
 from docker_variant.proxy.upstreampool import UpstreamPool
@@ -188,7 +188,9 @@ class Upstream:
         timeout: float = 30.0,
         connect_timeout: float = 10.0,
         max_connections: int = 256,
+        blob_relay: str = RELAY_MODES[0],
     ) -> None:
+        self.blob_relay = blob_relay
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         url = httpx.URL(self.base_url)
@@ -364,7 +366,7 @@ class Upstream:
         headers_out = self.response_headers(
             answer.headers, proxy_base_url(request.scope), extra_headers
         )
-        return RelayedResponse(answer, headers_out, what)
+        return RelayedResponse(answer, headers_out, what, self.blob_relay)
 
     async def check_pull(
         self, name: str, tag: str | None, authorization: str | None, proxy_base: str
