@@ -370,6 +370,18 @@ def test_a_layer_that_is_not_gzip_nor_tar_is_one_line_error() -> None:
         assert caught.value.exit_code == 2
 
 
+def test_a_layer_lacking_only_its_end_blocks_is_read_one_cut_in_a_member_is_not(
+    avx2: Path,
+) -> None:
+    whole = _tar([("usr/bin/a", avx2.read_bytes()), ("etc/b", b"seven!\n")])
+    end_of_data = whole.index(b"seven!\n") + 7  # umoci 0.4 ends its layers here
+    contents = _scan_bytes(whole[:end_of_data])
+    assert {f.path for f in contents.findings} == {"/usr/bin/a"}
+    with pytest.raises(ContentsError) as caught:
+        _scan_bytes(whole[: end_of_data - 3])
+    assert "corrupt or truncated tar stream" in str(caught.value)
+
+
 def test_a_symlink_loop_is_skipped_with_a_warning(avx2: Path) -> None:
     contents = _scan_bytes(
         _tar(

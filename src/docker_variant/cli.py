@@ -159,7 +159,9 @@ def providers(
 @app.command()
 def labels(
     ctx: typer.Context,
-    label: Annotated[str, typer.Option("--label", help="The variant label, e.g. cu128 (or null).")],
+    label: Annotated[
+        str | None, typer.Option("--label", help="The variant label, e.g. cu128 (or null).")
+    ] = None,
     prop: Annotated[
         list[str] | None,
         typer.Option("--property", help='A property "namespace :: feature :: value"; repeat.'),
@@ -170,16 +172,78 @@ def labels(
             "--namespace-order", help="Comma-separated namespace priority, e.g. nvidia,x86_64."
         ),
     ] = None,
+    from_image: Annotated[
+        str | None,
+        typer.Option("--from-image", help="Propose them from a registry image's binaries."),
+    ] = None,
+    local: Annotated[
+        str | None,
+        typer.Option("--local", help="Propose them from a local image's binaries."),
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Validate a variant and print its image labels as `--label k=v` build arguments."""
     opts = _options(ctx, json_)
     order = [ns for ns in (namespace_order or "").split(",") if ns]
-    result = labels_for(label, [parse_property(p) for p in prop or []], order)
+    if from_image is not None or local is not None:
+        from docker_variant.contents.report import inspect_image, labels_from_image
+
+        if prop:
+            raise InvalidInputError("--property and --from-image/--local exclude each other")
+        image = inspect_image(from_image, local, None, stderr_console(), not opts.json)
+        result = labels_from_image(image, label, order)
+    elif label is None:
+        raise InvalidInputError("give --label (with --property ...) or --from-image/--local")
+    else:
+        result = labels_for(label, [parse_property(p) for p in prop or []], order)
     if opts.json:
         _emit_json(result)
     else:
         sys.stdout.write(" ".join(f"--label {k}={v}" for k, v in result.items()) + "\n")
+
+
+@app.command("inspect")
+def inspect_(
+    ctx: typer.Context,
+    ref: Annotated[
+        str | None, typer.Argument(help="registry/name:tag (read in the registry)")
+    ] = None,
+    local: Annotated[
+        str | None, typer.Option("--local", help="A local image (read through the engine).")
+    ] = None,
+    platform: PlatformOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Read an image's binaries without running it: what they need (with the evidence) and
+    the variant properties to label it with."""
+    from docker_variant.contents.report import inspect_image, inspect_json, inspect_renderable
+
+    opts = _options(ctx, json_)
+    image = inspect_image(ref, local, platform, stderr_console(), not opts.json)
+    if opts.json:
+        _emit_json(inspect_json(image))
+    else:
+        stdout_console().print(inspect_renderable(image))
+
+
+NoVerifyOpt = Annotated[
+    bool,
+    typer.Option("--no-verify", help="Do not check the labels against the image's binaries."),
+]
+
+
+def _verify_local(engine: Any, reference: Reference, no_verify: bool, quiet: bool) -> None:
+    """Refuse (exit 2) a local image whose labels promise what its binaries do not deliver."""
+    if no_verify:
+        _warn(f"{reference}: --no-verify: its labels are not checked against its binaries")
+        return
+    from docker_variant.contents.check import check_local_image
+    from docker_variant.contents.report import RichMeter
+
+    with RichMeter(f"verify {reference}", stderr_console(), not quiet) as meter:
+        verdict, _ = check_local_image(engine, reference, meter)
+    for warning in verdict.warnings:
+        _warn(f"{reference}: {warning}")
 
 
 def _load_index(source: str) -> VariantIndex:
@@ -360,18 +424,19 @@ def push(
     ref: Annotated[
         str, typer.Argument(help="registry/name:version-label (or :version for a bare image)")
     ],
+    no_verify: NoVerifyOpt = False,
     json_: JsonOpt = False,
 ) -> None:
-    """Check the local image's variant labels against its tag, then push it."""
+    """Check the local image's variant labels against its tag and its binaries, then push it."""
     from docker_variant.docker import Engine, LayerProgress, push_image
+    from docker_variant.oci.reference import parse_reference
     from docker_variant.oci.source import refresh_proxy_index
 
     opts = _options(ctx, json_)
-    with (
-        Engine() as engine,
-        LayerProgress("push", console=stderr_console(), enabled=not opts.json) as progress,
-    ):
-        reference, variant = push_image(engine, ref, progress)
+    with Engine() as engine:
+        _verify_local(engine, parse_reference(ref), no_verify, opts.json)
+        with LayerProgress("push", console=stderr_console(), enabled=not opts.json) as progress:
+            reference, variant = push_image(engine, ref, progress)
     label = variant.label if variant else None
     version = reference.tag[: -len(label) - 1] if label and reference.tag else reference.tag
     refreshed = refresh_proxy_index(reference, version or "")
@@ -396,6 +461,7 @@ def publish(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the index; push nothing.")
     ] = False,
+    no_verify: NoVerifyOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Write the version's variant image index at tag VERSION (SPEC section 10), so that
@@ -404,7 +470,11 @@ def publish(
     from docker_variant.publish.publisher import publish as publish_index
 
     opts = _options(ctx, json_)
-    published = publish_index(parse_reference(ref), dry_run=dry_run)
+    if no_verify:
+        _warn(f"{ref}: --no-verify: labels are not checked against the images' binaries")
+    published = publish_index(parse_reference(ref), dry_run=dry_run, verify=not no_verify)
+    for warning in published.warnings:
+        _warn(warning)
     if dry_run and not opts.json:
         sys.stdout.write(json.dumps(json.loads(published.body), indent=2) + "\n")
         return
@@ -439,6 +509,7 @@ def build(
     publish_: Annotated[
         bool, typer.Option("--publish", help="Push, then write the variant image index.")
     ] = False,
+    no_verify: NoVerifyOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Build one image per matrix entry from one Dockerfile, labelled and tagged
@@ -473,13 +544,23 @@ def build(
             for image in built:
                 progress.done(str(image.reference.tag), "built")
         if push_ or publish_:
+            for image in built:  # every image is checked before the first push
+                _verify_local(engine, image.reference, no_verify, opts.json)
             for image in built:
                 with LayerProgress(
                     "push", console=stderr_console(), enabled=not opts.json
                 ) as layers:
                     push_image(engine, str(image.reference), layers)
                 pushed.add(str(image.reference))
-    published = publish_index(reference) if publish_ else None
+    published = (
+        publish_index(
+            reference, verify=not no_verify, verified_tags={t.tag for _, t in targets if t.tag}
+        )
+        if publish_
+        else None
+    )
+    for warning in published.warnings if published else ():
+        _warn(warning)
     rows = [
         {
             "entry": image.entry.name,

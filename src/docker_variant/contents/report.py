@@ -34,7 +34,7 @@ class RichMeter:
     """A rich progress bar of bytes read, shown only for large images."""
 
     def __init__(self, description: str, console: Console, enabled: bool = True) -> None:
-        self._enabled = enabled
+        self._enabled = enabled and console.is_terminal  # no bar in logs and pipes
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -141,8 +141,11 @@ def inspect_renderable(image: InspectedImage) -> Group:
         title=f"Binaries of {image.reference} ({image.source}, {image.platform or '?'})",
         title_justify="left",
     )
-    for column in ("kind", "path", "section", "value"):
-        table.add_column(column, overflow="fold")
+    longest = max((len(f["path"]) for f in data["findings"]), default=4)
+    table.add_column("kind", overflow="fold")
+    table.add_column("path", overflow="fold", min_width=min(longest, 90))  # paths kept whole
+    table.add_column("section", overflow="fold")
+    table.add_column("value", overflow="fold")
     for finding in data["findings"]:
         table.add_row(finding["kind"], finding["path"], finding["section"], finding["value"])
     elf = ", ".join(f"{n} {machine}" for machine, n in data["elf_files"].items()) or "none"

@@ -157,8 +157,19 @@ def scan_layer(
         return scan  # an empty blob: a layer with nothing in it
     tar = _open_tar(reader, name)
     try:
-        for member in tar:
+        members = iter(tar)
+        last: tarfile.TarInfo | None = None
+        while True:
+            try:
+                member = next(members)
+            except StopIteration:
+                break
+            except tarfile.ReadError:
+                if last is not None and _only_padding_missing(tar, last):
+                    break  # umoci 0.4 writes layers so: Docker and containerd take them
+                raise
             _member(tar, member, scan, spool_dir)
+            last = member
     except ContentsError:
         raise
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
@@ -167,6 +178,13 @@ def scan_layer(
         tar.close()
     scan.bytes_read = counting.count
     return scan
+
+
+def _only_padding_missing(tar: tarfile.TarFile, last: tarfile.TarInfo) -> bool:
+    """Whether the stream ended after the last member's data, lacking only its padding to
+    512 bytes and the end-of-archive blocks (a member cut short is still an error)."""
+    reached = getattr(tar.fileobj, "pos", None)  # tarfile's stream: bytes decompressed
+    return isinstance(reached, int) and reached >= last.offset_data + last.size
 
 
 def _member(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ class Published:
     body: bytes
     entries: list[IndexEntry]  # in index order
     changed: bool  # False: the registry already held exactly this index (or a dry run)
+    warnings: tuple[str, ...] = ()  # from checking the labels against the binaries
 
 
 def plan_index(images: VersionImages, name: str, version: str) -> tuple[list[IndexEntry], bytes]:
@@ -68,26 +70,50 @@ def plan_index(images: VersionImages, name: str, version: str) -> tuple[list[Ind
 
 
 async def publish_async(
-    client: RegistryClient, reference: Reference, *, dry_run: bool = False
+    client: RegistryClient,
+    reference: Reference,
+    *,
+    dry_run: bool = False,
+    verify: bool = True,
+    verified_tags: Collection[str] = (),
 ) -> Published:
+    """Write the index; with ``verify``, every entry's labels are first checked against its
+    binaries (``contents.check``), except the tags in ``verified_tags`` (checked before
+    their push)."""
     version = reference.tag
     if version is None or reference.digest is not None:
         raise InvalidInputError(f"{reference}: publish needs registry/name:version (a tag)")
     top = await top_manifest(client, reference.repository, version)
     images = await scan_images(client, reference.repository, version, top=top)
     entries, body = plan_index(images, reference.name, version)
+    warnings: list[str] = []
+    if verify:
+        from docker_variant.contents.check import check_registry_entries
+
+        warnings = await check_registry_entries(
+            client, reference.repository, reference.name, entries, skip_tags=verified_tags
+        )
     digest = "sha256:" + hashlib.sha256(body).hexdigest()
     changed = not dry_run and (top is None or top.digest != digest)
     if changed:
         digest = await client.put_manifest(reference.repository, version, body, OCI_INDEX)
-    return Published(reference, digest, body, entries, changed)
+    return Published(reference, digest, body, entries, changed, tuple(warnings))
 
 
-def publish(reference: Reference, *, dry_run: bool = False, **client_kwargs: Any) -> Published:
+def publish(
+    reference: Reference,
+    *,
+    dry_run: bool = False,
+    verify: bool = True,
+    verified_tags: Collection[str] = (),
+    **client_kwargs: Any,
+) -> Published:
     """``publish_async`` with Docker's credentials for ``reference``'s registry."""
 
     async def run() -> Published:
         async with RegistryClient.for_registry(reference.registry, **client_kwargs) as client:
-            return await publish_async(client, reference, dry_run=dry_run)
+            return await publish_async(
+                client, reference, dry_run=dry_run, verify=verify, verified_tags=verified_tags
+            )
 
     return asyncio.run(run())
