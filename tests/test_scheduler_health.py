@@ -284,3 +284,25 @@ def test_an_agent_that_stops_beating_degrades_its_placements_after_the_ttl(
         moved = api.post(f"/v1/placements/{first['id']}/replace").json()
         assert held(moved) == {("a", "GPU-0"), ("c", "GPU-0")}
         assert moved["state"] == "active"
+
+
+def test_a_placement_of_hosts_only_degrades_too(tmp_path: Path) -> None:
+    clock = Clock()
+    with (
+        open_store("sqlite", tmp_path, agent_ttl=30, clock=clock) as store,
+        client_for(store) as api,
+    ):
+        put_agent(api, "cpu-1", agent_body(None))
+        first = place(api, 1, 0).json()
+        assert first["allocations"] == [{"agent_id": "cpu-1", "device_name": None, "devices": []}]
+        assert api.get("/v1/agents").json()["agents"][0]["devices"] == {}
+        assert api.get("/v1/agents/cpu-1").json()["placements"] == [first["id"]]
+        clock.now += 31
+        shown = api.get(f"/v1/placements/{first['id']}").json()
+        assert shown["degraded"]["reason"] == "agent cpu-1: no heartbeat for 31 s (agent TTL 30 s)"
+        put_agent(api, "cpu-2", agent_body(None))
+        moved = api.post(f"/v1/placements/{first['id']}/replace").json()
+        assert moved["allocations"] == [{"agent_id": "cpu-2", "device_name": None, "devices": []}]
+        assert api.get("/v1/agents/cpu-1").json()["placements"] == []
+        drained = api.delete("/v1/agents/cpu-2").json()
+        assert drained["placements_deleted"] == [first["id"]]

@@ -178,6 +178,8 @@ def _usage(rows: Any) -> dict[DeviceKey, int]:
     """What each device has in use, from (agent, name, device, shares) allocation rows."""
     used: dict[DeviceKey, int] = {}
     for agent, name, device_id, shares in rows:
+        if name == _HOST:
+            continue
         key = (agent, name, device_id)
         used[key] = WHOLE if shares is None else min(WHOLE, used.get(key, 0) + shares)
     return used
@@ -224,9 +226,21 @@ def _degrade(conn: Connection, reasons: Mapping[str, tuple[str, float]]) -> None
         conn.execute(_DEGRADE, rows)
 
 
+#: The device name of a node's row in a placement that takes no device (devices_per_node 0),
+#: so that the agents of every placement are in ``allocations`` (for the TTL, and draining).
+_HOST = ""
+
+
 def _take(conn: Connection, placement_id: str, plan_: Plan) -> list[tuple[DeviceKey, int | None]]:
     """Insert the allocation rows of ``plan_`` and the devices' usage; the database refuses
     (IntegrityError) a device taken whole twice, or shares past a device's capacity."""
+    hosts = [a.agent_id for a in plan_.allocations if not a.devices]
+    if hosts:  # no usage: a host is not taken
+        rows = [
+            {"agent_id": agent, "device_name": _HOST, "device_id": _HOST, "shares": 0}
+            for agent in sorted(hosts)
+        ]
+        conn.execute(insert(allocations), [row | {"placement_id": placement_id} for row in rows])
     keyed = sorted(
         ((a.agent_id, a.device_name or "", d.device_id), d.capacity)
         for a in plan_.allocations
@@ -304,8 +318,9 @@ def _free(conn: Connection, which: Any) -> list[tuple[DeviceKey, int | None]]:
         allocations.c.device_id,
         allocations.c.shares,
     ).where(which)
-    freed = [((a, n, d), s) for a, n, d, s in conn.execute(query)]
+    freed = [((a, n, d), s) for a, n, d, s in conn.execute(query) if n != _HOST]
     if not freed:
+        conn.execute(delete(allocations).where(which))
         return []
     if any(s is None for _, s in freed):  # whole devices: their rows are theirs alone
         whole = select(
@@ -547,6 +562,8 @@ class Store:
         ).all()
         degraded: dict[str, tuple[str, float]] = {}
         for name, device_id, placement_id, _ in held_rows:
+            if name == _HOST:
+                continue
             state = reported.get((name, device_id))
             trouble = "no longer reported" if state is None else None if state[2] else "unhealthy"
             if trouble is not None and placement_id not in degraded:
@@ -664,6 +681,11 @@ class Store:
         taken: dict[str, dict[str, dict[str, list[str]]]] = {}
         usage = _usage((r.agent_id, r.device_name, r.device_id, r.shares) for r in allocation_rows)
         for row in allocation_rows:
+            if row.device_name == _HOST:  # its host only: in "placements", not "devices"
+                taken.setdefault(row.agent_id, {})
+                held_by = taken[row.agent_id].setdefault(_HOST, {})
+                held_by.setdefault(_HOST, []).append(row.placement_id)
+                continue
             held_by = taken.setdefault(row.agent_id, {}).setdefault(row.device_name, {})
             held_by.setdefault(row.device_id, []).append(row.placement_id)
         views = []
@@ -672,7 +694,7 @@ class Store:
             summary = {}
             unhealthy: dict[str, list[str]] = {}
             shares: dict[str, dict[str, Any]] = {}
-            for name in sorted(set(mine) | set(busy), key=natural_key):
+            for name in sorted((set(mine) | set(busy)) - {_HOST}, key=natural_key):
                 ids, held = mine.get(name, {}), busy.get(name, {})
                 sick = [i for i, device in ids.items() if not device.healthy]
                 summary[name] = {
