@@ -10,7 +10,7 @@ import shutil
 import struct
 import subprocess
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -440,3 +440,89 @@ def test_elf_header_lies_are_elf_errors() -> None:
     for call in bad:
         with pytest.raises(ElfError):
             call()
+
+
+AARCH64_ASM = """
+    .text
+    .globl f
+f:
+    bti c
+    ret
+    .section .note.gnu.property,"a"
+    .p2align 3
+    .word 4, 16, 5
+    .asciz "GNU"
+    .word 0xc0000000, 4, 3, 0
+"""
+
+
+def test_aarch64_machine_and_feature_note(tmp_path: Path) -> None:
+    """An AArch64 object assembled by llvm-mc, with the BTI and PAC feature note."""
+    if shutil.which("llvm-mc") is None:
+        pytest.skip("llvm-mc (Debian package llvm) is not installed")
+    source, obj = tmp_path / "f.s", tmp_path / "f.o"
+    source.write_text(AARCH64_ASM)
+    subprocess.run(
+        ["llvm-mc", "-triple=aarch64-linux-gnu", "-mattr=+bti", "-filetype=obj",
+         "-o", str(obj), str(source)],
+        check=True,
+    )  # fmt: skip
+    assert "AArch64 feature: BTI, PAC" in readelf_notes(obj)
+    contents = _scan_bytes(_tar([("usr/lib/aarch64-linux-gnu/libf.so", obj.read_bytes())]))
+    assert [(f.kind, f.value) for f in contents.findings] == [
+        ("elf", "aarch64"),
+        ("aarch64_features", "BTI, PAC"),
+    ]
+    assert propose(contents).properties == ()  # no aarch64 property follows from these
+
+
+class _GeneratedLayer(io.RawIOBase):
+    """A tar stream of ``files`` (name, size, first bytes; zeros after), made as it is read:
+    never in memory as a whole."""
+
+    def __init__(self, files: list[tuple[str, int, bytes]]) -> None:
+        self._parts = iter(self._generate(files))
+        self._pending = b""
+
+    @staticmethod
+    def _generate(files: list[tuple[str, int, bytes]]) -> Iterator[bytes]:
+        zeros = b"\0" * (1 << 20)
+        for name, size, head in files:
+            info = tarfile.TarInfo(name)
+            info.size = size
+            yield info.tobuf()
+            yield head
+            left = size - len(head)
+            while left > 0:
+                yield zeros[: min(left, len(zeros))]
+                left -= min(left, len(zeros))
+            yield b"\0" * (-size % 512)
+        yield b"\0" * 1024
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        while not self._pending:
+            self._pending = next(self._parts, b"")
+            if not self._pending:
+                return 0
+        n = min(len(buffer), len(self._pending))
+        buffer[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+
+def test_a_big_layer_is_never_held_in_memory(tmp_path: Path) -> None:
+    """1.2 GiB of layer (a 256 MiB ELF-looking file, spooled to disk, and a 1 GiB plain
+    file) read with the peak RSS of the process growing by far less than either."""
+    import resource
+
+    files = [("usr/lib/libbig.so", 256 << 20, b"\x7fELF\x02\x01\x01"), ("data/blob", 1 << 30, b"")]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+    scan = scan_layer(_GeneratedLayer(files), "big", tmp_path)  # type: ignore[arg-type]
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10) - before
+    assert scan.entries == {"/usr/lib/libbig.so", "/data/blob"}
+    # the ELF was spooled whole and its (empty) section table read
+    assert [f.kind for f in scan.findings["/usr/lib/libbig.so"]] == ["elf"]
+    assert grown < 64 << 20, f"peak RSS grew by {grown >> 20} MiB"
