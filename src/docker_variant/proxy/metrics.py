@@ -80,6 +80,17 @@ class ProxyMetrics:
             registry=self.registry,
         )
 
+        self._request_counters: dict[tuple[str, str, str], Counter] = {}
+
+    def count_request(self, route: str, method: str, status: str) -> None:
+        # labels() takes a lock and checks its arguments on every call; the set of label
+        # values is small (routes x methods x statuses), so each child is looked up once
+        key = (route, method, status)
+        counter = self._request_counters.get(key)
+        if counter is None:
+            counter = self._request_counters[key] = self.requests.labels(route, method, status)
+        counter.inc()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -124,11 +135,12 @@ class AccessLog:
             nonlocal status, sent
             if message["type"] == "http.response.start":
                 status = int(message["status"])
-                headers = list(message.get("headers", []))
+                headers = message.get("headers", [])
                 # The server's own Date header is off, so that an upstream's Date is not
-                # doubled; the proxy's own answers get one here.
-                if not any(k.lower() == b"date" for k, _ in headers):
-                    headers.append((b"date", formatdate(usegmt=True).encode()))
+                # doubled; the proxy's own answers get one here. (Starlette's responses and
+                # the pass-through give header names in lower case.)
+                if not any(k == b"date" for k, _ in headers):
+                    headers = [*headers, (b"date", formatdate(usegmt=True).encode())]
                     message = {**message, "headers": headers}
             elif message["type"] == "http.response.body":
                 sent += len(message.get("body", b""))
@@ -147,7 +159,7 @@ class AccessLog:
                 sent += relayed
                 self.metrics.relayed_bytes.labels(scope.get(RELAY_MODE, "copy")).inc(relayed)
             shown = str(status) if status else "aborted"  # cancelled before answering
-            self.metrics.requests.labels(route, method, shown).inc()
+            self.metrics.count_request(route, method, shown)
             self.log.info(
                 "request",
                 extra={

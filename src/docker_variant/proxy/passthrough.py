@@ -239,13 +239,16 @@ class Upstream:
         raw: Sequence[tuple[bytes, bytes]],
         proxy_base: str,
         extra: Mapping[str, str] | None = None,
+        *,
+        lowered: bool = False,
     ) -> list[tuple[bytes, bytes]]:
-        """An upstream answer's headers as the caller gets them (``raw`` as received)."""
-        tokens = _connection_tokens(raw)
+        """An upstream answer's headers as the caller gets them (``raw`` as received;
+        ``lowered``: their names are in lower case already)."""
+        tokens = _connection_tokens(raw, lowered)
         drop = _RESPONSE_DROP_RAW | tokens if tokens else _RESPONSE_DROP_RAW
         out: list[tuple[bytes, bytes]] = []
         for key, value in raw:
-            name = key.lower()
+            name = key if lowered else key.lower()
             if name in drop:
                 continue
             if name in _REWRITTEN:
@@ -364,7 +367,7 @@ class Upstream:
                 f"{what}: the upstream registry failed: {type(exc).__name__}: {exc}",
             )
         headers_out = self.response_headers(
-            answer.headers, proxy_base_url(request.scope), extra_headers
+            answer.headers, proxy_base_url(request.scope), extra_headers, lowered=True
         )
         return RelayedResponse(answer, headers_out, what, self.blob_relay)
 
