@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
 from docker_variant.contents.properties import Verdict, verify
-from docker_variant.contents.walker import ImageContents
+from docker_variant.contents.walker import ImageContents, LayerScan
 from docker_variant.errors import InvalidInputError
 from docker_variant.variant.labels import read_labels
 
@@ -104,13 +104,16 @@ async def check_registry_entries(
     from docker_variant.contents.sources import inspect_manifest, spool_dir
 
     warnings: list[str] = []
+    scanned: dict[str, LayerScan] = {}  # base layers shared by the variants are read once
     for entry in entries:
         if entry.tag in skip_tags or not needs_check(entry.labels):
             continue
         manifest = await client.fetch_manifest(repository, entry.digest)
         config = await client.get_config(repository, manifest)
         with spool_dir() as spool:
-            contents = await inspect_manifest(client, repository, manifest.data, config, spool)
+            contents = await inspect_manifest(
+                client, repository, manifest.data, config, spool, scanned=scanned
+            )
         where = f"{name}:{entry.tag}" + (f" ({entry.platform})" if entry.platform else "")
         verdict = check_contents(where, entry.labels, contents)
         warnings.extend(f"{where}: {w}" for w in verdict.warnings)

@@ -192,8 +192,10 @@ async def inspect_manifest(
     config: Mapping[str, Any],
     spool: Path,
     meter: Meter | None = None,
+    scanned: dict[str, LayerScan] | None = None,
 ) -> ImageContents:
-    """The contents of an image manifest's layers, bottom to top."""
+    """The contents of an image manifest's layers, bottom to top. ``scanned`` keeps each
+    layer's scan by digest, so that images sharing base layers read them once."""
     meter = meter or _NoMeter()
     layers = manifest.get("layers") or []
     digests: list[str] = []
@@ -206,7 +208,12 @@ async def inspect_manifest(
         size = layer.get("size")
         total += size if isinstance(size, int) else 0
     meter.total(total or None)
-    scans = [await _scan_blob(client, repository, d, spool, meter) for d in digests]
+    scanned = {} if scanned is None else scanned
+    scans = []
+    for digest in digests:
+        if digest not in scanned:
+            scanned[digest] = await _scan_blob(client, repository, digest, spool, meter)
+        scans.append(scanned[digest])
     env = (config.get("config") or {}).get("Env") if isinstance(config, dict) else None
     return merge_layers(scans).with_finding(env_finding(env if isinstance(env, list) else None))
 

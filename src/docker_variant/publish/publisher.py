@@ -3,8 +3,10 @@
 The images are read by the same scan that ``ls``/``resolve`` use; the index is refused
 (``InvalidInputError``, exit 2) when the version holds an image that the index would
 misrepresent: invalid labels, disagreeing namespace orders, two manifests of one label on
-one platform, or a config that states no platform. Publishing again is idempotent: the same
-images give the same bytes, and an index already in place is not pushed again.
+one platform, or a config that states no platform; or, unless told not to verify, an image
+whose labels promise what its binaries do not deliver (``contents.check``). Publishing again
+is idempotent: the same images give the same bytes, and an index already in place is not
+pushed again.
 """
 
 from __future__ import annotations
