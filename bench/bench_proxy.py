@@ -50,7 +50,10 @@ def verdict(ok: bool) -> str:
 def turns_ms(
     direct: Callable[[], object], proxied: Callable[[], object], repeat: int
 ) -> tuple[float, float]:
-    """Median ms of each, the two taking turns (so both see the same machine load)."""
+    """Median ms of each, the two taking turns (so both see the same machine load), after
+    a warm-up of a quarter as many turns."""
+    for _ in range(repeat // 4):  # warm-up: connections, caches
+        direct(), proxied()
     a, b = [], []
     for _ in range(repeat):
         for fn, samples in ((direct, a), (proxied, b)):
