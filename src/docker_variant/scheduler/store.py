@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     Connection,
@@ -112,6 +112,7 @@ DEFAULT_ATTEMPTS = 5
 STATES = ("active", "degraded")  # a placement's
 _IN_BATCH = 500
 
+_T = TypeVar("_T")
 _CACHED_POOLS = 64  # resource groups whose devices are kept in memory
 _HEARD = 1 << 16  # heartbeats kept for a pool between two plans (more are read when due)
 
@@ -281,7 +282,11 @@ def _take(conn: Connection, placement_id: str, plan_: Plan) -> list[tuple[Device
             .order_by(allocations.c.agent_id, allocations.c.device_name, allocations.c.device_id)
         )
         columns = ["agent_id", "device_name", "device_id", "used", "capacity", "whole"]
-        conn.execute(insert(device_usage).from_select(columns, taken))
+        # (RETURNING: psycopg reports no row count for INSERT ... SELECT)
+        filled = insert(device_usage).from_select(columns, taken)
+        inserted = conn.execute(filled.returning(device_usage.c.device_id)).all()
+        if len(inserted) != len(keyed):  # a planned device is gone (``_check`` saw it not)
+            raise _Stale()
     else:  # the check refuses the sum past the capacity, and any share of a whole device
         rows = [
             {
@@ -1247,6 +1252,9 @@ class Store:
         """Drain and deregister: delete every placement holding one of the agent's devices
         (freeing all their devices), then the agent and its devices. Returns the deleted
         placements' ids; ``None`` when there is no such agent."""
+        return self._retried(lambda: self._delete_agent(agent_id))
+
+    def _delete_agent(self, agent_id: str) -> list[str] | None:
         with contextlib.ExitStack() as applying:
             with self._write(f"deleting agent {agent_id}") as conn:
                 exists = conn.execute(
@@ -1282,6 +1290,21 @@ class Store:
 
     def delete_placement(self, placement_id: str) -> bool:
         """Free the placement's devices; False when there is no such placement."""
+        return self._retried(lambda: self._delete_placement(placement_id))
+
+    def _retried(self, change: Callable[[], _T]) -> _T:
+        """``change`` again when PostgreSQL ends it as a deadlock or serialization failure
+        (shares: rows several placements use, which a replace changes in two passes)."""
+        for attempt in range(self.attempts):
+            try:
+                return change()
+            except sa_exc.OperationalError as error:
+                if sqlstate(error) not in RETRYABLE_SQLSTATES or attempt + 1 == self.attempts:
+                    raise
+            time.sleep(random.uniform(0, 0.005 * 2**attempt))
+        raise AssertionError("unreachable")
+
+    def _delete_placement(self, placement_id: str) -> bool:
         with contextlib.ExitStack() as applying:
             with self._write(f"deleting placement {placement_id}") as conn:
                 freed = _free(conn, allocations.c.placement_id == placement_id)
