@@ -313,3 +313,25 @@ def test_traversal_and_symlink_loops_are_skipped_with_warnings_and_nothing_escap
     assert any("/usr/lib/libcudart.so.12" in w and "symbolic links" in w for w in warnings)
     assert Path("/etc/passwd").read_bytes() == before
     assert sorted(p.name for p in scratch.rglob("*")) == ["cwd"]  # the spool dir is gone
+
+
+def test_build_push_checks_every_image_before_the_first_push(stack: Stack) -> None:
+    base = f"{stack.registry}/contents/avx2:base"
+    context = stack.root / "matrix-context"
+    context.mkdir()
+    (context / "Dockerfile").write_text(f"FROM {base}\n")
+    matrix = context / "variants.toml"
+    matrix.write_text(
+        'dockerfile = "Dockerfile"\n'
+        '[[variant]]\nlabel = "v3"\nproperties = ["x86_64 :: level :: v3"]\n'
+        '[[variant]]\nlabel = "cpu"\nproperties = ["x86_64 :: level :: v1"]\n'
+    )
+    ref = f"{stack.registry}/contents/matrix:1.0.0"
+    refused = stack.run(
+        "docker", "variant", "build", "--matrix", str(matrix), "--push", ref, str(context)
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert f"{ref}-cpu: the labels promise what the binaries do not deliver" in refused.stderr
+    assert "/usr/local/bin/avx2 needs" in refused.stderr
+    tags = stack.run("curl", "-s", f"{stack.url}/v2/contents/matrix/tags/list", check=True)
+    assert "1.0.0-v3" not in tags.stdout  # refused before the first push
