@@ -16,10 +16,25 @@ from sqlalchemy.exc import IntegrityError
 
 from docker_variant.scheduler.documents import SHARE, AgentReport, parse_agent_report
 from docker_variant.scheduler.models import device_usage
-from docker_variant.scheduler.placement import Plan, Pool, build_pool, plan, pool_shares
+from docker_variant.scheduler.placement import (
+    Judge,
+    Plan,
+    Pool,
+    Refusal,
+    build_pool,
+    plan,
+    pool_shares,
+)
 from docker_variant.variant import VariantIndex
 from test_scheduler_api import client_for, place, put_agent
-from test_scheduler_support import H200_R570, agent_body, agent_report, gpu_only_index, open_store
+from test_scheduler_support import (
+    A100_R535,
+    H200_R570,
+    agent_body,
+    agent_report,
+    gpu_only_index,
+    open_store,
+)
 
 GPU_INDEX = gpu_only_index()
 INDEX = VariantIndex.from_json(GPU_INDEX, "index")
@@ -240,3 +255,56 @@ def test_the_database_refuses_shares_past_a_devices_capacity(kind: str, tmp_path
             )
         with pytest.raises(IntegrityError), store.engine.begin() as conn:  # a second row
             conn.execute(insert(device_usage).values(**key, used=SHARE, capacity=SHARE, whole=True))
+
+
+# --------------------------------------------------------------------------- randomized
+
+
+def random_pool(rng: random.Random) -> Pool:
+    """Nodes of H200s and A100s, some devices of 2 shares, some unhealthy."""
+    reports = []
+    for i in range(rng.randint(1, 12)):
+        body = agent_body(rng.choice([H200_R570, A100_R535]), rng.choice([1, 2, 4]))
+        ids = list(body["devices"]["cuda"])
+        body["capacity"] = {"cuda": {d: 2 for d in ids if rng.random() < 0.2}}
+        body["unhealthy"] = {"cuda": [d for d in ids if rng.random() < 0.1]}
+        reports.append(parse_agent_report(body, f"n{i}"))
+    return build_pool(reports)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_share_plans_fit_and_the_index_stays_whole(seed: int) -> None:
+    """Shares and whole devices placed and freed at random: every plan takes healthy devices
+    with room, one variant that each of them fits, and the index equals one rebuilt."""
+    rng = random.Random(seed)
+    pool = random_pool(rng)
+    live: list[tuple[list[tuple[str, str, str]], int | None]] = []
+    judge = Judge(INDEX, pool.profiles)
+    for _ in range(60):
+        if live and rng.random() < 0.3:
+            pool.release(*live.pop(rng.randrange(len(live))))
+            continue
+        nodes, per_node = rng.choice([1, 1, 2]), rng.choice([1, 2])
+        shares = rng.choice([None, SHARE // 10, SHARE // 4, SHARE // 2, SHARE])
+        outcome = plan(INDEX, pool, nodes, per_node, shares=shares)
+        if isinstance(outcome, Refusal):
+            continue
+        keys = []
+        assert len({a.agent_id for a in outcome.allocations}) == nodes
+        for allocation in outcome.allocations:
+            node = pool.node(allocation.agent_id)
+            assert len(allocation.devices) == per_node
+            for device in allocation.devices:
+                assert device.healthy
+                assert device.free if shares is None else device.room >= shares
+                cls = judge.classify(node.host, device.profile, judge.platform(node))
+                assert outcome.candidate.label in cls.ranks
+                keys.append((allocation.agent_id, "cuda", device.device_id))
+        pool.allocate(keys, shares)
+        live.append((keys, shares))
+        rebuilt = Pool(pool.nodes, pool.profiles)
+        assert dict(pool.buckets()) == dict(rebuilt.buckets())
+    for node in pool.nodes:  # nothing over its capacity, nothing on an unhealthy device
+        for device in node.devices["cuda"]:
+            assert 0 <= device.room <= device.capacity
+            assert device.healthy or (device.room == 0 and not device.free)
