@@ -526,3 +526,22 @@ def test_a_big_layer_is_never_held_in_memory(tmp_path: Path) -> None:
     # the ELF was spooled whole and its (empty) section table read
     assert [f.kind for f in scan.findings["/usr/lib/libbig.so"]] == ["elf"]
     assert grown < 64 << 20, f"peak RSS grew by {grown >> 20} MiB"
+
+
+def test_large_images_show_a_progress_bar_on_a_terminal_only() -> None:
+    from rich.console import Console
+
+    from docker_variant.contents.report import PROGRESS_FROM, RichMeter
+
+    for terminal, size, shown in [(True, 2 * PROGRESS_FROM, True), (True, 1 << 20, False)]:
+        out = io.StringIO()
+        console = Console(file=out, force_terminal=terminal, width=100)
+        with RichMeter("inspect reg/app:1", console) as meter:
+            meter.total(size)
+            meter.advance(size // 2)
+        assert ("inspect reg/app:1" in out.getvalue()) is shown
+    out = io.StringIO()
+    with RichMeter("inspect reg/app:1", Console(file=out, force_terminal=False)) as meter:
+        meter.total(2 * PROGRESS_FROM)
+        meter.advance(PROGRESS_FROM)
+    assert out.getvalue() == ""  # logs and pipes get no bar
