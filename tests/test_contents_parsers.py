@@ -23,6 +23,7 @@ from docker_variant.contents.evidence import (
     ROCM_VERSION,
     X86_HWCAPS,
     X86_ISA,
+    Finding,
     elf_findings,
     env_finding,
 )
@@ -211,7 +212,6 @@ def test_labels_checked_against_libcurand_and_the_runtime(
 
 
 def test_cubin_and_ptx_rules() -> None:
-    from docker_variant.contents.evidence import Finding
     from docker_variant.contents.properties import runs_on
 
     only_ptx = Finding(FATBIN, "/x.so", ".nv_fatbin", "", cubins=(), ptx=((8, 0),))
@@ -545,3 +545,13 @@ def test_large_images_show_a_progress_bar_on_a_terminal_only() -> None:
         meter.total(2 * PROGRESS_FROM)
         meter.advance(PROGRESS_FROM)
     assert out.getvalue() == ""  # logs and pipes get no bar
+
+
+def test_the_proposed_label_is_the_images_own_unless_nothing_is_proposed() -> None:
+    sm90 = Finding(FATBIN, "/k.so", ".nv_fatbin", "", cubins=((9, 0),), ptx=())
+    labelled = _labels("h100", nvidia__sm_arch="90_real")
+    assert propose(ImageContents((sm90,), (), 1, 0), labelled).label == "h100"
+    assert propose(ImageContents((sm90,), (), 1, 0)).label == "cuda"
+    assert propose(ImageContents((), (), 1, 0), labelled).label == "null"  # no binaries
+    broken = {"dev.pep817.variant-label": "Bad Label"}
+    assert propose(ImageContents((sm90,), (), 1, 0), broken).label == "cuda"

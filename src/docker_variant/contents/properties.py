@@ -52,7 +52,9 @@ _SM_VALUE = re.compile(r"([0-9]+)([0-9])_(real|virtual)")
 @dataclass(frozen=True)
 class Proposal:
     properties: tuple[Property, ...]
-    label: str  # the image's own label where it has one, else one made from the properties
+    # the image's own label where it has one and there is something to propose; else one
+    # made from the properties; ``null`` when nothing is proposed
+    label: str
     notes: tuple[str, ...] = ()
 
 
@@ -131,7 +133,7 @@ def propose(contents: ImageContents, labels: Mapping[str, str] | None = None) ->
     except InvalidInputError:  # labels to be replaced: propose a label of its own
         existing = None
     label = _label_for(props)
-    if existing is not None and not (existing.label == NULL_LABEL and props):
+    if existing is not None and props and existing.label != NULL_LABEL:
         label = existing.label
     return Proposal(tuple(props), label, tuple(notes))
 
