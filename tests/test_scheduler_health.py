@@ -12,7 +12,9 @@ import httpx
 import pytest
 
 from docker_variant.scheduler import Store
+from docker_variant.scheduler.tokens import load_tokens
 from test_scheduler_api import client_for, error_message, place, put_agent
+from test_scheduler_security import TOKENS_TOML, bearer
 from test_scheduler_support import A100_R535, H200_R570, agent_body, gpu_only_index, open_store
 
 GPU_INDEX = gpu_only_index()
@@ -306,3 +308,20 @@ def test_a_placement_of_hosts_only_degrades_too(tmp_path: Path) -> None:
         assert api.get("/v1/agents/cpu-1").json()["placements"] == []
         drained = api.delete("/v1/agents/cpu-2").json()
         assert drained["placements_deleted"] == [first["id"]]
+
+
+def test_metrics_and_replace_keep_the_token_rules(tmp_path: Path) -> None:
+    (tmp_path / "tokens.toml").write_text(TOKENS_TOML)
+    tokens = load_tokens(tmp_path / "tokens.toml")
+    with open_store("sqlite", tmp_path) as store, client_for(store, tokens=tokens) as api:
+        assert api.get("/metrics").status_code == 401
+        assert api.get("/metrics", headers=bearer("agent0")).status_code == 200
+        body = agent_body(H200_R570, 2) | {"unhealthy": {"cuda": ["GPU-0"]}}
+        assert api.put("/v1/agents/h200-0", json=body, headers=bearer("agent0")).status_code == 200
+        body = {"index": GPU_INDEX, "nodes": 1, "devices_per_node": 1}
+        made = api.post("/v1/placements", json=body, headers=bearer("alice")).json()
+        assert made["allocations"][0]["devices"] == ["GPU-1"]  # GPU-0 is unhealthy
+        replace = f"/v1/placements/{made['id']}/replace"
+        assert api.post(replace, headers=bearer("bob")).status_code == 403  # alice's
+        assert api.post(replace, headers=bearer("agent0")).status_code == 403  # not a client
+        assert api.post(replace, headers=bearer("alice")).status_code == 409  # active
