@@ -40,9 +40,9 @@ GPU_INDEX = gpu_only_index()
 INDEX = VariantIndex.from_json(GPU_INDEX, "index")
 
 
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[httpx.Client]:
-    with open_store("sqlite", tmp_path) as store, client_for(store) as client:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[httpx.Client]:
+    with open_store(request.param, tmp_path) as store, client_for(store) as client:
         yield client
 
 

@@ -538,7 +538,7 @@ class Store:
         resized = [
             {"a": report.agent_id, "n": name, "d": device_id, "c": capacity}
             for (name, device_id), (_, capacity, _) in reported.items()
-            if (name, device_id) in known and known[(name, device_id)][1] != capacity
+            if (name, device_id) not in known or known[(name, device_id)][1] != capacity
         ]
         if resized:  # a device partly used keeps at least what it has in use
             conn.execute(
