@@ -4,6 +4,7 @@ clock the test moves, not sleeps). On SQLite and on a private PostgreSQL."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from docker_variant.errors import InvalidInputError
 from docker_variant.scheduler import Store
 from docker_variant.scheduler.tokens import load_tokens
 from test_scheduler_api import client_for, error_message, place, put_agent
@@ -325,3 +327,15 @@ def test_metrics_and_replace_keep_the_token_rules(tmp_path: Path) -> None:
         assert api.post(replace, headers=bearer("bob")).status_code == 403  # alice's
         assert api.post(replace, headers=bearer("agent0")).status_code == 403  # not a client
         assert api.post(replace, headers=bearer("alice")).status_code == 409  # active
+
+
+def test_a_database_from_before_shares_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:  # the allocations table as it was
+        conn.execute(
+            "CREATE TABLE allocations (agent_id VARCHAR(255), device_name VARCHAR(255), "
+            "device_id VARCHAR(255), placement_id VARCHAR(32), "
+            "PRIMARY KEY (agent_id, device_name, device_id))"
+        )
+    with pytest.raises(InvalidInputError, match="made by an older variant-scheduler"):
+        Store.open(f"sqlite:///{path}")
