@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 from urllib.parse import unquote
 
 __all__ = [
@@ -142,6 +143,9 @@ def _check_reference(kind: RouteKind, ref: str) -> None:
         raise PathError("TAG_INVALID", f"invalid version {ref!r}: must match {_TAG_RULE}", ref)
 
 
+# Pulls ask for the same manifests and blobs over and over; a parse costs some 7 us of
+# regular expressions and unquoting per request (issue 8). Refusals are not cached.
+@lru_cache(maxsize=4096)
 def parse_v2_path(raw_path: str) -> Route:
     """Classify a raw request path; raises ``PathError`` for an invalid ``/v2/`` route.
 
