@@ -370,7 +370,7 @@ def providers_report(path: Path, count: int = 2) -> Path:
 def test_agent_registers_re_registers_and_stops_on_sigterm(
     tmp_path: Path, started: list[Any]
 ) -> None:
-    interval = 5.0
+    interval = 10.0  # the agent's Python start-up on a loaded 2-core machine fits well within it
     port = devstack.free_port()
     scheduler = serve(tmp_path, port)
     started.append(scheduler)
@@ -381,14 +381,14 @@ def test_agent_registers_re_registers_and_stops_on_sigterm(
          "--interval", str(interval), "--agent-id", "node-a", "--resource-group", "gpu"],
     )  # fmt: skip
     started.append(agent)
-    spawned = time.monotonic()
-    view = wait_for(lambda: agents(scheduler.url).get("node-a"), interval, agent.text)
     # the agent beats at once on start: it is there within one interval of being started
-    assert time.monotonic() - spawned <= interval
+    view = wait_for(lambda: agents(scheduler.url).get("node-a"), interval, agent.text)
     assert view["resource_group"] == "gpu" and view["platform"] == "linux/amd64"
     assert view["devices"]["cuda"]["free"] == ["GPU-0", "GPU-1"]
     # it keeps beating: last_seen moves on
-    wait_for(lambda: agents(scheduler.url)["node-a"]["last_seen"] != view["last_seen"], 15)
+    wait_for(
+        lambda: agents(scheduler.url)["node-a"]["last_seen"] != view["last_seen"], 2 * interval
+    )
 
     # the scheduler dies and comes back on the same database: the agent re-registers
     scheduler.process.kill()
