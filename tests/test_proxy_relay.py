@@ -68,8 +68,7 @@ def _fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def _connections_to(pid: int, port: int) -> int:
-    """The proxy's established TCP connections to 127.0.0.1:``port`` (the upstream)."""
+def _socket_inodes(pid: int) -> set[str]:
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -78,6 +77,12 @@ def _connections_to(pid: int, port: int) -> int:
             continue  # closed meanwhile
         if match := re.fullmatch(r"socket:\[(\d+)\]", target):
             inodes.add(match[1])
+    return inodes
+
+
+def _connections_to(pid: int, port: int) -> int:
+    """The proxy's established TCP connections to 127.0.0.1:``port`` (the upstream)."""
+    inodes = _socket_inodes(pid)
     count = 0
     for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
@@ -85,6 +90,18 @@ def _connections_to(pid: int, port: int) -> int:
         if state == "01" and int(remote.split(":")[1], 16) == port and inode in inodes:
             count += 1
     return count
+
+
+def _upstream_ports(pid: int, port: int) -> set[int]:
+    """Local ports of the proxy's established connections to 127.0.0.1:``port``."""
+    inodes = _socket_inodes(pid)
+    ports = set()
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+        if state == "01" and int(remote.split(":")[1], 16) == port and inode in inodes:
+            ports.add(int(local.split(":")[1], 16))
+    return ports
 
 
 def _settles(check: Callable[[], bool]) -> bool:
@@ -352,21 +369,26 @@ def test_concurrent_big_blob_pulls(proxy: devstack.Service, registry: RunningReg
 
 
 def test_manifest_requests_reuse_one_upstream_connection(
-    proxy: devstack.Service, registry: RunningRegistry, big_blob: tuple[str, bytes]
+    tmp_path: Path, registry: RunningRegistry, big_blob: tuple[str, bytes]
 ) -> None:
+    proxy = devstack.start_proxy(registry.url, tmp_path / "proxy")
     pid = proxy.process.pid
     port = int(registry.host.split(":")[1])
     url = f"{proxy.url}/v2/relay/blobs/manifests/1"
-    with httpx.Client(headers={"Accept": OCI_MANIFEST}) as http:
-        first = http.get(url)
-        held = _connections_to(pid, port)
-        for _ in range(20):
-            assert http.get(url).content == first.content
-            head = http.head(url)
-            assert head.status_code == 200 and head.content == b""
-            assert head.headers["content-length"] == str(len(first.content))
-        # one request at a time: the same idle connection every time, none added
-        assert _connections_to(pid, port) == held
+    try:
+        with httpx.Client(headers={"Accept": OCI_MANIFEST}) as http:
+            first = http.get(url)
+            used = _upstream_ports(pid, port)
+            assert len(used) == 1
+            for _ in range(20):
+                assert http.get(url).content == first.content
+                head = http.head(url)
+                assert head.status_code == 200 and head.content == b""
+                assert head.headers["content-length"] == str(len(first.content))
+                # one request at a time: the same kept-alive connection every time
+                assert _upstream_ports(pid, port) == used
+    finally:
+        proxy.stop()
 
 
 def test_tls_listener_falls_back_to_streaming(

@@ -32,6 +32,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 __all__ = ["EXTENSION", "HandoffHttpToolsProtocol", "SocketHandoff", "socket_handoff"]
 
 EXTENSION = "docker_variant.socket_handoff"
+_JOIN_MAX = 64 << 10  # a held head is joined to a first body write up to this size
 
 
 class _HeadHeldTransport:
@@ -51,7 +52,12 @@ class _HeadHeldTransport:
             self._loop.call_soon(self.flush)
             return
         held, self._held = self._held, None
-        self._transport.write(held + data if held is not None else data)
+        if held is None:
+            self._transport.write(data)
+        elif len(data) <= _JOIN_MAX:
+            self._transport.write(held + data)
+        else:  # a big first chunk is not copied to join the head
+            self._transport.writelines([held, data])
 
     def flush(self) -> None:
         held, self._held = self._held, None
