@@ -4,7 +4,8 @@ Run: .venv/bin/python bench/bench_proxy.py
 - blob pull of 256 MiB with curl, direct vs through the proxy (throughput ratio, median of 5,
   direct and proxied pulls taking turns), and the proxy's CPU per blob (utime + stime of the
   proxy process, from /proc/PID/stat); beside the default relay (splice), proxies started
-  with `--blob-relay copy` and `--blob-relay asgi`, so the designs compare in one run
+  with `--blob-relay copy` and `--blob-relay asgi`, so the designs compare in one run, and a
+  bare TCP relay (no HTTP): what any relay can reach on this machine
 - manifest GET and HEAD latency, direct vs proxy (keep-alive, requests taking turns)
 - `_variants` warm (cached), cold (`Cache-Control: no-cache`: a scan in the proxy) and the
   client-side scan without a proxy, at 10, 50 and 200 variants (left out with --no-variants)
@@ -98,6 +99,52 @@ def push_variants(base: str, repo: str, count: int) -> None:
         push_manifest(base, repo, f"1.0.0-v{i}", raw_manifest(config, [layer]), OCI_MANIFEST)
 
 
+_LABELS = {"tcp": "bare TCP relay"}
+
+
+def tcp_relay(listen_port: int, upstream_port: int) -> None:
+    """A bare TCP relay, no HTTP: per connection a thread each way, ``recv_into`` and
+    ``sendall`` through one 1 MiB buffer (issue 8's prototype). What any relay can reach
+    here: the second loopback hop's cost on this machine, without the proxy's own."""
+    import socket
+    import threading
+
+    def pump(source: socket.socket, target: socket.socket) -> None:
+        view = memoryview(bytearray(1 << 20))
+        try:
+            while got := source.recv_into(view):
+                target.sendall(view[:got])
+            target.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    server = socket.create_server(("127.0.0.1", listen_port))
+    while True:
+        client, _ = server.accept()
+        upstream = socket.create_connection(("127.0.0.1", upstream_port))
+        for source, target in ((client, upstream), (upstream, client)):
+            threading.Thread(target=pump, args=(source, target), daemon=True).start()
+
+
+def start_tcp_relay(upstream: str, root: Path) -> devstack.Service:
+    port = devstack.free_port()
+    upstream_port = upstream.rsplit(":", 1)[1]
+    process = subprocess.Popen(
+        [sys.executable, __file__, "--tcp-relay", str(port), upstream_port],
+        start_new_session=True,
+    )
+    service = devstack.Service("tcp-relay", process, f"127.0.0.1:{port}", root, root / "none")
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"{service.url}/v2/", timeout=2)
+            return service
+        except httpx.TransportError:
+            time.sleep(0.05)
+    service.stop()
+    raise RuntimeError("the bare TCP relay did not start")
+
+
 def blob_table(direct_url: str, path: str, proxies: dict[str, devstack.Service]) -> None:
     """Throughput of each relay design against direct, all taking turns, median of 5."""
     for url in (direct_url, *(p.url for p in proxies.values())):
@@ -113,13 +160,14 @@ def blob_table(direct_url: str, path: str, proxies: dict[str, devstack.Service])
     mb = BLOB_MIB * 1.048576
     direct = statistics.median(seconds["direct"])
     print(f"blob GET {BLOB_MIB} MiB (curl, median of 5, all taking turns)")
-    print(f"  direct              {mb / direct:6.0f} MB/s")
+    print(f"  {'direct':19} {mb / direct:6.0f} MB/s")
     for mode in proxies:
         proxied = statistics.median(seconds[mode])
         ratio = direct / proxied
         used = statistics.median(cpu[mode]) * 1e3
+        name = _LABELS.get(mode, f"proxy, {mode} relay")
         line = (
-            f"  proxy, {mode + ' relay':12} {mb / proxied:6.0f} MB/s   ratio {ratio:.2f}   "
+            f"  {name:19} {mb / proxied:6.0f} MB/s   ratio {ratio:.2f}   "
             f"proxy CPU per blob {used:4.0f} ms ({min(cpu[mode]) * 1e3:.0f}-"
             f"{max(cpu[mode]) * 1e3:.0f}, utime+stime)"
         )
@@ -153,10 +201,11 @@ def main() -> None:
             proxies[mode] = devstack.start_proxy(
                 registry.url, stack.root / f"proxy-{mode}", extra=["--blob-relay", mode]
             )
+        proxies["tcp"] = start_tcp_relay(registry.address, stack.root)
         try:
             blob_table(registry.url, path, proxies)
         finally:
-            for mode in ("copy", "asgi"):
+            for mode in ("copy", "asgi", "tcp"):
                 proxies[mode].stop()
 
         accept = {"Accept": OCI_MANIFEST}
@@ -218,4 +267,7 @@ def server_seconds(http: httpx.Client, proxy_url: str) -> tuple[float, float]:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--tcp-relay"]:
+        tcp_relay(int(sys.argv[2]), int(sys.argv[3]))
+    else:
+        main()
