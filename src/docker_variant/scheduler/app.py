@@ -38,6 +38,7 @@ from docker_variant.oci.source import fetch_index
 from docker_variant.scheduler import ui
 from docker_variant.scheduler.database import DatabaseUnavailableError
 from docker_variant.scheduler.documents import (
+    PlacementRequest,
     check_agent_id,
     parse_agent_report,
     parse_placement_request,
@@ -221,24 +222,22 @@ def create_app(
             )
         return reference
 
+    async def target_of(
+        wanted: PlacementRequest,
+    ) -> tuple[VariantIndex, Callable[[Candidate], str]]:
+        """The request's index, and how a chosen variant is named in the answer: its tag
+        for an index sent in, else its whole reference (the registry checked first)."""
+        if wanted.index is not None:
+            return wanted.index, lambda candidate: candidate.tag
+        assert wanted.image is not None
+        reference, index = await run_in_threadpool(fetch, check_registry(wanted.image))
+        return index, lambda candidate: str(reference.with_tag(candidate.tag))
+
     @_guard
     async def post_placement(request: Request) -> Response:
         who = caller(request, "client")
         wanted = parse_placement_request(await _json_body(request))
-        if wanted.index is not None:
-            index = wanted.index
-
-            def image_of(candidate: Candidate) -> str:
-                return candidate.tag
-
-        else:
-            assert wanted.image is not None
-            checked = check_registry(wanted.image)
-            reference, index = await run_in_threadpool(fetch, checked)
-
-            def image_of(candidate: Candidate) -> str:
-                return str(reference.with_tag(candidate.tag))
-
+        index, image_of = await target_of(wanted)
         outcome = await run_in_threadpool(store.place, index, wanted, image_of, who.name)
         if isinstance(outcome, Refusal):
             what = wanted.image or "the index"
@@ -252,11 +251,7 @@ def create_app(
         caller(request, "client")  # as a placement: it reveals no more than one would
         question = parse_what_if(await _json_body(request))
         wanted = question.request
-        if wanted.index is not None:
-            index = wanted.index
-        else:
-            assert wanted.image is not None
-            index = (await run_in_threadpool(fetch, check_registry(wanted.image)))[1]
+        index, _ = await target_of(wanted)
         pool = await run_in_threadpool(store.snapshot, wanted.resource_group)  # a copy
         answer = await run_in_threadpool(what_if, index, wanted, pool, question.templates)
         return JSONResponse(answer.to_json())
@@ -293,19 +288,7 @@ def create_app(
         if wanted is None:
             message = f"placement {placement_id} was made before replace was possible"
             return JSONResponse({"message": message, "reasons": {}}, 409)
-        if wanted.index is not None:
-            index = wanted.index
-
-            def image_of(candidate: Candidate) -> str:
-                return candidate.tag
-
-        else:
-            assert wanted.image is not None
-            reference, index = await run_in_threadpool(fetch, check_registry(wanted.image))
-
-            def image_of(candidate: Candidate) -> str:
-                return str(reference.with_tag(candidate.tag))
-
+        index, image_of = await target_of(wanted)
         outcome = await run_in_threadpool(store.replace, placement_id, index, wanted, image_of)
         if outcome is None:
             raise _NotFound(f"no placement {placement_id!r}")
