@@ -12,10 +12,12 @@ from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
+    Task,
     TaskID,
     TextColumn,
     TransferSpeedColumn,
 )
+from rich.text import Text
 
 __all__ = ["BuildProgress", "LayerProgress"]
 
@@ -37,6 +39,19 @@ class _Bars:
         self._progress.stop()
 
 
+class _SizeColumn(DownloadColumn):
+    """Bytes done of the layer's size; blank for a layer whose size the engine never said
+    (one that already exists shows no made-up "1/1 bytes")."""
+
+    def render(self, task: Task) -> Text:
+        return super().render(task) if task.fields.get("sized") else Text("")
+
+
+class _SpeedColumn(TransferSpeedColumn):
+    def render(self, task: Task) -> Text:
+        return super().render(task) if task.fields.get("sized") else Text("")
+
+
 class LayerProgress(_Bars):
     """A context manager whose ``__call__`` takes one engine event."""
 
@@ -47,8 +62,8 @@ class LayerProgress(_Bars):
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
+            _SizeColumn(),
+            _SpeedColumn(),
             TextColumn("{task.fields[status]}"),
             console=console or Console(stderr=True),
             disable=not enabled,
@@ -64,13 +79,13 @@ class LayerProgress(_Bars):
             if status.startswith(("Pulling from", "The push refers to")):
                 return
             self._tasks[layer] = self._progress.add_task(
-                f"{self.action} {str(layer)[:12]}", total=None, status=status
+                f"{self.action} {str(layer)[:12]}", total=None, status=status, sized=False
             )
         task = self._tasks[layer]
         detail = event.get("progressDetail") or {}
         total, current = detail.get("total"), detail.get("current")
         if isinstance(total, int) and total > 0 and isinstance(current, int):
-            self._progress.update(task, total=total, completed=current, status=status)
+            self._progress.update(task, total=total, completed=current, status=status, sized=True)
         elif any(status.startswith(done) for done in _DONE):
             known = self._progress.tasks[task].total
             self._progress.update(task, total=known or 1, completed=known or 1, status=status)
