@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
         type=seconds("agent TTL", 0, strict=False),
         default=0.0,
         metavar="SECONDS",
-        help="leave out agents without a heartbeat for this long (default 0: never)",
+        help="leave out agents without a heartbeat for this long, and degrade their placements (default 0: never)",
     )
     serve.add_argument(
         "--tokens",
