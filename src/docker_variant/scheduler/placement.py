@@ -66,10 +66,12 @@ __all__ = [
     "Refusal",
     "Shares",
     "build_pool",
+    "device_in_use",
     "natural_key",
     "plan",
     "pool_shares",
     "profile_key",
+    "room_left",
 ]
 
 #: How the bare (non-variant) image is named among candidates and reasons; not a valid label.
@@ -88,6 +90,20 @@ class Device(NamedTuple):  # a tuple: a pool holds tens of thousands
     room: int = SHARE  # shares left (millionths): capacity less use; 0 when unhealthy
     capacity: int = SHARE  # shares in all (millionths)
     healthy: bool = True  # as its agent reports: never allocated when False
+
+
+def room_left(capacity: int, used: int, healthy: bool) -> int:
+    """The shares a device has left with ``used`` in use (``WHOLE``: taken whole); an
+    unhealthy device has none."""
+    return max(0, capacity - used) if healthy else 0
+
+
+def device_in_use(
+    device_id: str, profile: ProfileKey, capacity: int, healthy: bool, used: int
+) -> Device:
+    """A device with ``used`` in use: free only when healthy and nothing uses it."""
+    room = room_left(capacity, used, healthy)
+    return Device(device_id, profile, healthy and used == 0, room, capacity, healthy)
 
 
 @dataclass(frozen=True)
@@ -370,11 +386,11 @@ def _held(node: Node) -> dict[tuple[str, str], int]:
 
 
 def _marked(device: Device, used: int) -> Device:
+    """``device`` with ``used`` in use; the device itself when that changes nothing."""
     free = device.healthy and used == 0
-    room = max(0, device.capacity - used) if device.healthy else 0
-    if device.free == free and device.room == room:
+    if device.free == free and device.room == room_left(device.capacity, used, device.healthy):
         return device
-    return Device(device.device_id, device.profile, free, room, device.capacity, device.healthy)
+    return device_in_use(device.device_id, device.profile, device.capacity, device.healthy, used)
 
 
 def _with_free(
@@ -436,8 +452,8 @@ def build_pool(
     def device(report: AgentReport, name: str, device_id: str, lists: SupportedLists) -> Device:
         capacity = report.capacity.get((name, device_id), SHARE)
         healthy = (name, device_id) not in report.unhealthy
-        free = healthy and (report.agent_id, name, device_id) not in allocated
-        return Device(device_id, key(lists), free, capacity if free else 0, capacity, healthy)
+        used = WHOLE if (report.agent_id, name, device_id) in allocated else 0
+        return device_in_use(device_id, key(lists), capacity, healthy, used)
 
     nodes = [
         Node(

@@ -97,10 +97,12 @@ from docker_variant.scheduler.placement import (
     Pool,
     ProfileKey,
     Refusal,
+    device_in_use,
     natural_key,
     plan,
     pool_shares,
     profile_key,
+    room_left,
 )
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.model import SupportedLists
@@ -166,12 +168,10 @@ def _node(
     """A node from its rows; ``held``: what its allocated devices have in use."""
     devices: dict[str, list[Device]] = {}
     for name, ids in members.items():
-        devices[name] = []
-        for device_id, profile, capacity, healthy in sorted(ids):
-            used = held.get((name, device_id), 0)
-            free = healthy and not used
-            room = max(0, capacity - used) if healthy else 0
-            devices[name].append(Device(device_id, profile, free, room, capacity, healthy))
+        devices[name] = [
+            device_in_use(device_id, profile, capacity, healthy, held.get((name, device_id), 0))
+            for device_id, profile, capacity, healthy in sorted(ids)
+        ]
     return Node(agent_id, host, devices, platform)
 
 
@@ -715,7 +715,7 @@ class Store:
                 partly: dict[str, float] = {}
                 for device_id, device in ids.items():
                     in_use = usage.get((row.agent_id, name, device_id), 0)
-                    room = max(0, device.capacity - in_use) if device.healthy else 0
+                    room = room_left(device.capacity, in_use, device.healthy)
                     capacity += device.capacity
                     free += room
                     if in_use and room:
