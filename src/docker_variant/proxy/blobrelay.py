@@ -36,7 +36,7 @@ import select
 import socket
 import struct
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import httptools
@@ -165,18 +165,8 @@ class _Relay:
         return left
 
     def _send_from_pipe(self, read_end: int, size: int) -> None:
-        client, stalled = self.client.fileno(), 0
-        while size > 0:
-            try:
-                moved = os.splice(read_end, client, size)
-            except BlockingIOError:  # the client took nothing for a second
-                stalled = self._stalled(stalled)
-                continue
-            except OSError as exc:  # a reset or broken pipe: the caller hung up
-                raise _RelayStopped(f"the client hung up: {exc}") from exc
-            stalled = 0
-            self.sent += moved
-            size -= moved
+        client = self.client.fileno()
+        self._write_all(size, lambda left: os.splice(read_end, client, left))
 
     def _copy(self, view: memoryview, left: int) -> None:
         """Moves the body through one reused buffer (where splice is not to be had)."""
@@ -199,18 +189,25 @@ class _Relay:
         return stalled
 
     def _send(self, data: memoryview) -> None:
+        end = len(data)
+        self._write_all(end, lambda left: self.client.send(data[end - left :]))
+
+    def _write_all(self, size: int, write: Callable[[int], int]) -> None:
+        """Hands ``size`` bytes to the client, ``write(left)`` moving some of the ``left``
+        ones; a client that takes nothing is waited for (up to the stall limit), one that
+        hung up stops the relay."""
         stalled = 0
-        while data:
+        while size > 0:
             try:
-                sent = self.client.send(data)
+                moved = write(size)
             except BlockingIOError:  # the client took nothing for a second
                 stalled = self._stalled(stalled)
                 continue
             except OSError as exc:  # a reset or broken pipe: the caller hung up
                 raise _RelayStopped(f"the client hung up: {exc}") from exc
             stalled = 0
-            self.sent += sent
-            data = data[sent:]
+            self.sent += moved
+            size -= moved
 
     def _check_client(self) -> None:
         if self.stop.is_set():

@@ -116,7 +116,8 @@ class BorrowedTransport(httpx.AsyncBaseTransport):
 class StreamedResponse(Response):
     """Streams an upstream answer's body down, closing the upstream however the exchange ends.
 
-    ``chunks`` is ``None`` for an answer without a body (HEAD, 204, 304). A failure mid-body
+    ``chunks`` is not read for an answer without a body (204, 304); HEAD and GET take the raw
+    path (``_forward_raw``), so this serves the other methods. A failure mid-body
     (one of ``errors``) is too late for an error status: the response is left incomplete, so
     the server drops the connection and the caller sees a short body, not a silent one.
     """
@@ -125,7 +126,7 @@ class StreamedResponse(Response):
         self,
         status: int,
         headers: list[tuple[bytes, bytes]],
-        chunks: AsyncIterator[bytes] | None,
+        chunks: AsyncIterator[bytes],
         close: Callable[[], Awaitable[None]],
         errors: tuple[type[BaseException], ...],
         what: str,
@@ -286,13 +287,13 @@ class Upstream:
         """Send ``request`` to the upstream at ``route`` and stream the answer back."""
         method = method or request.method
         headers = self.request_headers(request)
-        has_body = method not in ("GET", "HEAD") and (
-            request.headers.get("content-length", "0") not in ("", "0")
-            or "chunked" in request.headers.get("transfer-encoding", "").lower()
-        )
         what = f"{method} {route.upstream_path()}"
         if method in ("GET", "HEAD"):
             return await self._forward_raw(request, route, method, headers, extra_headers, what)
+        has_body = (
+            request.headers.get("content-length", "0") not in ("", "0")
+            or "chunked" in request.headers.get("transfer-encoding", "").lower()
+        )
         upstream_request = self.client.build_request(
             method,
             self.url(route.upstream_path(), request.scope.get("query_string", b"")),
@@ -322,7 +323,7 @@ class Upstream:
         return StreamedResponse(
             response.status_code,
             headers_out,
-            response.aiter_raw() if method != "HEAD" else None,
+            response.aiter_raw(),
             response.aclose,
             (httpx.HTTPError,),
             f"{method} {response.request.url}",

@@ -168,11 +168,6 @@ class Answer:
         if self.length == 0:
             self._finish()
 
-    @property
-    def first(self) -> list[bytes]:
-        """Body bytes that came in with the head (``Content-Length`` bodies)."""
-        return self._head.body
-
     def complete(self) -> bytes | None:
         """The whole body if it has already arrived (small answers), else ``None``."""
         if self.length is None:
