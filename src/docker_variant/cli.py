@@ -241,7 +241,7 @@ def _verify_local(engine: Any, reference: Reference, no_verify: bool, quiet: boo
     from docker_variant.contents.report import RichMeter
 
     with RichMeter(f"verify {reference}", stderr_console(), not quiet) as meter:
-        verdict, _ = check_local_image(engine, reference, meter)
+        verdict = check_local_image(engine, reference, meter)
     for warning in verdict.warnings:
         _warn(f"{reference}: {warning}")
 

@@ -73,23 +73,18 @@ def check_contents(what: str, labels: Mapping[str, str], contents: ImageContents
     return verdict
 
 
-def check_local_image(
-    engine: Engine, reference: Reference, meter: Meter | None = None
-) -> tuple[Verdict, bool]:
+def check_local_image(engine: Engine, reference: Reference, meter: Meter | None = None) -> Verdict:
     """Check a local image before it is pushed as ``reference``: its labels against its tag
-    first (cheap), then against its binaries. Returns ``(verdict, whether layers were read)``."""
+    first (cheap), then against its binaries."""
     from docker_variant.contents.sources import inspect_local
-    from docker_variant.docker.ops import check_push_labels
+    from docker_variant.docker.ops import check_push_labels, local_image
 
-    inspected = engine.inspect_image(str(reference))
-    if inspected is None:
-        raise InvalidInputError(f"{reference}: no such local image (build or tag it first)")
-    labels = (inspected.get("Config") or {}).get("Labels") or {}
+    inspected, labels = local_image(engine, reference)
     check_push_labels(reference, labels)
     if not needs_check(labels):
-        return Verdict(), False
-    image = inspect_local(str(reference), engine, meter)
-    return check_contents(str(reference), image.labels, image.contents), True
+        return Verdict()
+    image = inspect_local(str(reference), engine, meter, inspected=inspected)
+    return check_contents(str(reference), image.labels, image.contents)
 
 
 async def check_registry_entries(

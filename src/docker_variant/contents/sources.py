@@ -26,6 +26,7 @@ from docker_variant.contents.walker import (
     ContentsError,
     ImageContents,
     LayerScan,
+    looks_like_layer,
     merge_layers,
     scan_layer,
 )
@@ -46,7 +47,6 @@ __all__ = [
 ]
 
 PIPE_LIMIT = 8 << 20
-_GZIP_MAGIC = b"\x1f\x8b"
 _MANIFEST_LIMIT = 4 << 20
 
 
@@ -276,10 +276,17 @@ def _outer_name(name: str) -> str:
     return posixpath.normpath(name.lstrip("/"))
 
 
-def inspect_local(ref: str, engine: Engine, meter: Meter | None = None) -> InspectedImage:
-    """Inspect an image of the local engine through its ``docker save`` stream."""
+def inspect_local(
+    ref: str,
+    engine: Engine,
+    meter: Meter | None = None,
+    *,
+    inspected: Mapping[str, Any] | None = None,
+) -> InspectedImage:
+    """Inspect an image of the local engine through its ``docker save`` stream;
+    ``inspected``: the engine's inspection of it, where the caller already has it."""
     meter = meter or _NoMeter()
-    inspected = engine.inspect_image(ref)
+    inspected = inspected or engine.inspect_image(ref)
     if inspected is None:
         raise InvalidInputError(f"{ref}: no such local image")
     config = inspected.get("Config") or {}
@@ -314,11 +321,10 @@ def inspect_local(ref: str, engine: Engine, meter: Meter | None = None) -> Inspe
                 if name == "manifest.json":
                     manifest = json.loads(handle.read(_MANIFEST_LIMIT))
                     continue
-                # tarfile's member files are buffered readers: peek without consuming
-                reader: Any = handle if isinstance(handle, io.BufferedReader) else None
-                reader = reader or io.BufferedReader(cast(Any, handle), 1 << 20)
-                head = reader.peek(512)[:512]
-                if head.startswith(_GZIP_MAGIC) or head[257:262] == b"ustar":
+                # tarfile's member files (ExFileObject) are buffered readers: peek without
+                # consuming
+                reader = cast("io.BufferedReader[Any]", handle)
+                if looks_like_layer(reader.peek(512)[:512]):
                     scans[name] = scan_layer(reader, name, spool)
         except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError) as exc:
             raise ContentsError(f"export of {ref}: not a readable image archive ({exc})") from exc

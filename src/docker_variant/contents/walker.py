@@ -44,6 +44,7 @@ __all__ = [
     "ContentsError",
     "ImageContents",
     "LayerScan",
+    "looks_like_layer",
     "merge_layers",
     "scan_layer",
 ]
@@ -122,6 +123,11 @@ def normalise(name: str) -> str | None:
     if relative == ".." or relative.startswith("../"):
         return None
     return "/" if path == "//" else path
+
+
+def looks_like_layer(head: bytes) -> bool:
+    """Whether the first 512 bytes of a file start a gzip stream or a tar archive."""
+    return head.startswith(_GZIP_MAGIC) or head[257:262] == b"ustar"
 
 
 def _open_tar(reader: io.BufferedReader[Any], name: str) -> tarfile.TarFile:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from docker_variant.docker.engine import Engine, EngineError, ProgressEvent
 from docker_variant.errors import InvalidInputError
@@ -70,14 +71,20 @@ def check_push_labels(reference: Reference, labels: Mapping[str, str] | None) ->
     return variant
 
 
+def local_image(engine: Engine, reference: Reference) -> tuple[dict[str, Any], dict[str, str]]:
+    """The engine's inspection of the local image to be pushed as ``reference``, and its
+    labels."""
+    inspected = engine.inspect_image(str(reference))
+    if inspected is None:
+        raise InvalidInputError(f"{reference}: no such local image (build or tag it first)")
+    return inspected, (inspected.get("Config") or {}).get("Labels") or {}
+
+
 def push_image(
     engine: Engine, ref_text: str, on_event: Callable[[ProgressEvent], None]
 ) -> tuple[Reference, Variant | None]:
     reference = parse_reference(ref_text)
-    inspected = engine.inspect_image(str(reference))
-    if inspected is None:
-        raise InvalidInputError(f"{reference}: no such local image (build or tag it first)")
-    labels = (inspected.get("Config") or {}).get("Labels") or {}
+    _, labels = local_image(engine, reference)
     variant = check_push_labels(reference, labels)
     assert reference.tag is not None
     engine.push(reference.name, reference.tag, reference.registry, on_event)
