@@ -531,7 +531,7 @@ def test_a_big_layer_is_never_held_in_memory(tmp_path: Path) -> None:
 def test_large_images_show_a_progress_bar_on_a_terminal_only() -> None:
     from rich.console import Console
 
-    from docker_variant.contents.report import PROGRESS_FROM, RichMeter
+    from docker_variant.docker.progress import PROGRESS_FROM, RichMeter
 
     for terminal, size, shown in [(True, 2 * PROGRESS_FROM, True), (True, 1 << 20, False)]:
         out = io.StringIO()

@@ -238,7 +238,7 @@ def _verify_local(engine: Any, reference: Reference, no_verify: bool, quiet: boo
         _warn(f"{reference}: --no-verify: its labels are not checked against its binaries")
         return
     from docker_variant.contents.check import check_local_image
-    from docker_variant.contents.report import RichMeter
+    from docker_variant.docker.progress import RichMeter
 
     with RichMeter(f"verify {reference}", stderr_console(), not quiet) as meter:
         verdict = check_local_image(engine, reference, meter)

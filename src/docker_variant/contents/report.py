@@ -5,69 +5,24 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from rich.console import Console, Group
-from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
 from docker_variant.contents.evidence import ELF, X86_ISA
 from docker_variant.contents.properties import Proposal, Verdict, propose, verify
 from docker_variant.contents.sources import InspectedImage
+from docker_variant.docker.progress import RichMeter
 from docker_variant.errors import InvalidInputError
 from docker_variant.variant.labels import labels_for, read_labels
 
 __all__ = [
-    "RichMeter",
     "inspect_image",
     "inspect_json",
     "inspect_renderable",
     "labels_from_image",
 ]
-
-#: Below this an image reads in about a second: no progress bar.
-PROGRESS_FROM = 64 << 20
-
-
-class RichMeter:
-    """A rich progress bar of bytes read, shown only for large images."""
-
-    def __init__(self, description: str, console: Console, enabled: bool = True) -> None:
-        self._enabled = enabled and console.is_terminal  # no bar in logs and pipes
-        self._progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            console=console,
-            transient=True,
-        )
-        self._description = description
-        self._task: TaskID | None = None
-        self._started = False
-
-    def total(self, size: int | None) -> None:
-        if not self._enabled or (size is not None and size < PROGRESS_FROM):
-            return
-        if self._task is None:
-            self._task = self._progress.add_task(self._description, total=size)
-            self._progress.start()
-            self._started = True
-        else:
-            self._progress.update(self._task, total=size)
-
-    def advance(self, size: int) -> None:
-        if self._task is not None:
-            self._progress.advance(self._task, size)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self._started:
-            self._progress.stop()
 
 
 def inspect_image(

@@ -7,11 +7,12 @@ import re
 from types import TracebackType
 from typing import Any, Self
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
+    ProgressColumn,
     Task,
     TaskID,
     TextColumn,
@@ -19,7 +20,10 @@ from rich.progress import (
 )
 from rich.text import Text
 
-__all__ = ["BuildProgress", "LayerProgress"]
+__all__ = ["PROGRESS_FROM", "BuildProgress", "LayerProgress", "RichMeter"]
+
+#: Below this an image reads in about a second: no progress bar (``RichMeter``).
+PROGRESS_FROM = 64 << 20
 
 _DONE = {"Pull complete", "Already exists", "Pushed", "Layer already exists", "Mounted from"}
 
@@ -39,17 +43,16 @@ class _Bars:
         self._progress.stop()
 
 
-class _SizeColumn(DownloadColumn):
-    """Bytes done of the layer's size; blank for a layer whose size the engine never said
-    (one that already exists shows no made-up "1/1 bytes")."""
+class _SizedOnly(ProgressColumn):
+    """``inner``, left blank for a layer whose size the engine never said (one that already
+    exists shows no made-up "1/1 bytes ?")."""
 
-    def render(self, task: Task) -> Text:
-        return super().render(task) if task.fields.get("sized") else Text("")
+    def __init__(self, inner: ProgressColumn) -> None:
+        super().__init__()
+        self._inner = inner
 
-
-class _SpeedColumn(TransferSpeedColumn):
-    def render(self, task: Task) -> Text:
-        return super().render(task) if task.fields.get("sized") else Text("")
+    def render(self, task: Task) -> RenderableType:
+        return self._inner.render(task) if task.fields.get("sized") else Text("")
 
 
 class LayerProgress(_Bars):
@@ -62,8 +65,8 @@ class LayerProgress(_Bars):
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
-            _SizeColumn(),
-            _SpeedColumn(),
+            _SizedOnly(DownloadColumn()),
+            _SizedOnly(TransferSpeedColumn()),
             TextColumn("{task.fields[status]}"),
             console=console or Console(stderr=True),
             disable=not enabled,
@@ -91,6 +94,45 @@ class LayerProgress(_Bars):
             self._progress.update(task, total=known or 1, completed=known or 1, status=status)
         else:
             self._progress.update(task, status=status)
+
+
+class RichMeter:
+    """A bar of bytes read (``contents``' ``Meter``), shown only for large images and only
+    on a terminal."""
+
+    def __init__(self, description: str, console: Console, enabled: bool = True) -> None:
+        self._enabled = enabled and console.is_terminal  # no bar in logs and pipes
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            console=console,
+            transient=True,
+        )
+        self._description = description
+        self._task: TaskID | None = None  # set once the bar is shown
+
+    def total(self, size: int | None) -> None:
+        if not self._enabled or (size is not None and size < PROGRESS_FROM):
+            return
+        if self._task is None:
+            self._task = self._progress.add_task(self._description, total=size)
+            self._progress.start()
+        else:
+            self._progress.update(self._task, total=size)
+
+    def advance(self, size: int) -> None:
+        if self._task is not None:
+            self._progress.advance(self._task, size)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._task is not None:
+            self._progress.stop()
 
 
 class BuildProgress(_Bars):
