@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Any
 
 from docker_variant.contents.elf import EM_AARCH64, EM_X86_64, ElfFile, gnu_properties
@@ -80,17 +80,7 @@ class Finding:
     targets: tuple[str, ...] = ()
 
     def moved(self, path: str) -> Finding:
-        return Finding(
-            self.kind,
-            path,
-            self.section,
-            self.value,
-            self.cubins,
-            self.ptx,
-            self.version,
-            self.level,
-            self.targets,
-        )
+        return replace(self, path=path)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {

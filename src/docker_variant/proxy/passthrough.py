@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 
 import anyio
@@ -32,7 +32,7 @@ from docker_variant.oci.client import MANIFEST_ACCEPT
 from docker_variant.proxy.blobrelay import RELAY_MODES, RelayedResponse, cancel_on_disconnect
 from docker_variant.proxy.names import Route, RouteKind
 from docker_variant.proxy.responses import upstream_error
-from docker_variant.proxy.upstreampool import UpstreamPool
+from docker_variant.proxy.upstreampool import UpstreamPool, connection_tokens
 
 __all__ = [
     "BorrowedTransport",
@@ -65,17 +65,6 @@ _REQUEST_DROP_RAW = frozenset(n.encode() for n in _HOP_BY_HOP | _REQUEST_DROP)
 _RESPONSE_DROP_RAW = frozenset(n.encode() for n in _HOP_BY_HOP)
 _REWRITTEN = frozenset({b"location", b"content-location", b"link"})
 _CHECK_BODY_LIMIT = 4 << 20  # a manifest's size limit
-
-
-def _connection_tokens(
-    headers: Iterable[tuple[bytes, bytes]], lowered: bool = False
-) -> frozenset[bytes]:
-    """Header names listed in ``Connection`` are hop-by-hop too (RFC 9110 7.6.1)."""
-    tokens: set[bytes] = set()
-    for key, value in headers:
-        if (key if lowered else key.lower()) == b"connection":
-            tokens.update(t.strip().lower() for t in value.split(b",") if t.strip())
-    return frozenset(tokens)
 
 
 def proxy_base_url(scope: Scope) -> str:
@@ -231,7 +220,7 @@ class Upstream:
     def request_headers(self, request: Request) -> list[tuple[bytes, bytes]]:
         raw = request.scope.get("headers", [])
         # ASGI servers give header names in lower case
-        tokens = _connection_tokens(raw, lowered=True)
+        tokens = connection_tokens(raw, lowered=True)
         drop = _REQUEST_DROP_RAW | tokens if tokens else _REQUEST_DROP_RAW
         return [(k, v) for k, v in raw if k not in drop]
 
@@ -245,7 +234,7 @@ class Upstream:
     ) -> list[tuple[bytes, bytes]]:
         """An upstream answer's headers as the caller gets them (``raw`` as received;
         ``lowered``: their names are in lower case already)."""
-        tokens = _connection_tokens(raw, lowered)
+        tokens = connection_tokens(raw, lowered)
         drop = _RESPONSE_DROP_RAW | tokens if tokens else _RESPONSE_DROP_RAW
         out: list[tuple[bytes, bytes]] = []
         for key, value in raw:

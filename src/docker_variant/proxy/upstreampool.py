@@ -20,12 +20,12 @@ import os
 import socket
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import cast
 
 import httptools
 
-__all__ = ["Answer", "UpstreamPool"]
+__all__ = ["Answer", "UpstreamPool", "connection_tokens"]
 
 _HIGH_WATER = 1 << 20  # buffered upstream bytes at which reading pauses (back-pressure)
 
@@ -122,12 +122,21 @@ class _Head:
         self.message_done = True
 
 
-def _keeps_alive(version: str, headers: list[tuple[bytes, bytes]]) -> bool:
-    # httptools' should_keep_alive() is False until the message is complete
+def connection_tokens(
+    headers: Iterable[tuple[bytes, bytes]], lowered: bool = False
+) -> frozenset[bytes]:
+    """The tokens of ``Connection``: ``close``, ``keep-alive``, and header names that are
+    hop-by-hop too (RFC 9110 7.6.1)."""
     tokens: set[bytes] = set()
     for key, value in headers:
-        if key == b"connection":
-            tokens.update(t.strip().lower() for t in value.split(b","))
+        if (key if lowered else key.lower()) == b"connection":
+            tokens.update(t.strip().lower() for t in value.split(b",") if t.strip())
+    return frozenset(tokens)
+
+
+def _keeps_alive(version: str, headers: list[tuple[bytes, bytes]]) -> bool:
+    # httptools' should_keep_alive() is False until the message is complete
+    tokens = connection_tokens(headers, lowered=True)
     return b"keep-alive" in tokens if version == "1.0" else b"close" not in tokens
 
 
