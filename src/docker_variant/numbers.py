@@ -1,0 +1,51 @@
+"""Numbers from outside (labels, version files, file names, index documents), read bounded.
+
+Python refuses to turn a string of more than 4,300 digits into an int (and before that limit
+the conversion is quadratic), so every number this package reads from untrusted text goes
+through here: at most ``MAX_DIGITS`` digits, else one ``InvalidInputError`` line naming the
+value and the rule. Version numbers, CUDA and ROCm releases, compute capabilities and
+device counts all fit in nine digits many times over.
+"""
+
+from __future__ import annotations
+
+import re
+
+from docker_variant.errors import InvalidInputError, one_line
+
+__all__ = ["DIGITS", "MAX_DIGITS", "is_number", "parse_number", "parse_version"]
+
+MAX_DIGITS = 9
+
+# A regular-expression fragment for one bounded decimal number: use it inside patterns so a
+# match can never yield a number that ``int`` would choke on.
+DIGITS = f"[0-9]{{1,{MAX_DIGITS}}}"
+
+_NUMBER = re.compile(DIGITS)
+_VERSION = re.compile(rf"{DIGITS}(?:\.{DIGITS}){{0,7}}")
+
+
+def is_number(text: str) -> bool:
+    """True when ``text`` is a decimal number of at most ``MAX_DIGITS`` digits."""
+    return _NUMBER.fullmatch(text) is not None
+
+
+def parse_number(text: str, what: str) -> int:
+    """``text`` as a non-negative int; ``what`` names the value in the error."""
+    if _NUMBER.fullmatch(text) is None:
+        shown = one_line(text, 60)
+        raise InvalidInputError(
+            f"{what}: {shown!r} is not a decimal number of 1 to {MAX_DIGITS} digits"
+        )
+    return int(text)
+
+
+def parse_version(text: str, what: str) -> tuple[int, ...]:
+    """A dotted version (``12.8``, ``6.4.1``) as a tuple of ints, each part bounded."""
+    if _VERSION.fullmatch(text) is None:
+        shown = one_line(text, 60)
+        raise InvalidInputError(
+            f"{what}: {shown!r} is not a version of dot-separated decimal numbers "
+            f"(at most 8 parts of 1 to {MAX_DIGITS} digits)"
+        )
+    return tuple(int(part) for part in text.split("."))
