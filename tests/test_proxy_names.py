@@ -19,7 +19,8 @@ import pytest
 from docker_variant.errors import InvalidInputError
 from docker_variant.proxy.app import check_upstream_url
 from docker_variant.proxy.names import PathError, Route, RouteKind, parse_v2_path
-from docker_variant.serving import JsonFormatter, parse_listen
+from docker_variant.server.logs import JsonFormatter
+from docker_variant.server.net import parse_listen
 from fakeupstream import FakeUpstream, Reply
 from proxyrunner import ProxyServer
 

@@ -26,14 +26,15 @@ from docker_variant.proxy.app import (
 )
 from docker_variant.proxy.blobrelay import RELAY_MODES
 from docker_variant.proxy.handoff import HandoffHttpToolsProtocol
-from docker_variant.serving import (
-    LOG_LEVELS,
+from docker_variant.server.logs import configure_logging
+from docker_variant.server.net import bind_socket, parse_listen
+from docker_variant.server.options import (
     ServerArgumentParser,
+    add_duration_argument,
+    add_listen_argument,
+    add_log_level_argument,
     add_tls_arguments,
-    bind_socket,
-    configure_logging,
-    parse_listen,
-    seconds,
+    add_version_argument,
     tls_options,
 )
 
@@ -63,30 +64,25 @@ def _parser() -> argparse.ArgumentParser:
         "and X-Variant-Properties manifest resolution to an upstream registry.",
     )
     parser.add_argument("--upstream", required=True, metavar="URL", help="upstream registry")
-    parser.add_argument(
-        "--listen",
-        default=DEFAULT_LISTEN,
-        metavar="HOST:PORT",
-        help=f"address to listen on (default {DEFAULT_LISTEN})",
-    )
-    parser.add_argument(
+    add_listen_argument(parser, DEFAULT_LISTEN)
+    add_duration_argument(
+        parser,
         "--cache-ttl",
-        type=seconds("cache TTL", 0, strict=False),
+        what="cache TTL",
+        strict=False,
         default=DEFAULT_CACHE_TTL,
-        metavar="SECONDS",
         help="how long an index may be served from the cache (default %(default)g; 0: never)",
     )
-    parser.add_argument(
+    add_duration_argument(
+        parser,
         "--upstream-timeout",
-        type=seconds("upstream timeout", 0, strict=True),
+        what="upstream timeout",
+        strict=True,
         default=DEFAULT_UPSTREAM_TIMEOUT,
-        metavar="SECONDS",
         help="deadline for an index scan and for upstream response headers "
         "(default %(default)g; blob bodies are never timed)",
     )
-    parser.add_argument(
-        "--log-level", choices=LOG_LEVELS, default="info", help="default %(default)s"
-    )
+    add_log_level_argument(parser)
     parser.add_argument(
         "--cache",
         default=os.environ.get(CACHE_ENV),
@@ -108,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
         "thread copying through one buffer, or ASGI messages (TLS listeners always stream)",
     )
     add_tls_arguments(parser, client_ca=False)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_version_argument(parser)
     return parser
 
 

@@ -27,7 +27,9 @@ from docker_variant.proxy.variants import (
     VariantService,
     discover_document,
 )
-from docker_variant.serving import BodyTooLargeError, bearer_token, oci_error, read_body
+from docker_variant.server.auth import bearer_token
+from docker_variant.server.bodies import BodyTooLargeError, read_body
+from docker_variant.server.errors import oci_error
 
 __all__ = ["DEFAULT_CACHE_TTL", "DEFAULT_UPSTREAM_TIMEOUT", "check_upstream_url", "create_app"]
 

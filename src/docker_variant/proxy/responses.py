@@ -1,4 +1,4 @@
-"""The mapping of registry failures to the proxy's answers (bodies: ``serving.oci_error``)."""
+"""The mapping of registry failures to the proxy's answers (bodies: ``server.errors.oci_error``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from docker_variant.oci.errors import (
     RegistryAuthError,
     UpstreamUnavailableError,
 )
-from docker_variant.serving import oci_error, timed_out
+from docker_variant.server.errors import oci_error, timed_out
 
 __all__ = ["failure_response", "upstream_error"]
 

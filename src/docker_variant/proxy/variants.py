@@ -36,7 +36,7 @@ from docker_variant.proxy.metrics import ProxyMetrics
 from docker_variant.proxy.names import Route, RouteKind, is_digest
 from docker_variant.proxy.passthrough import BorrowedTransport, Upstream, proxy_base_url
 from docker_variant.proxy.responses import failure_response
-from docker_variant.serving import JSON, error_kind, oci_error
+from docker_variant.server.errors import JSON, error_kind, oci_error
 from docker_variant.variant import VariantIndex, select
 from docker_variant.variant.model import parse_supported_lists
 from docker_variant.variant.platform import platform_of_lists

@@ -38,15 +38,15 @@ from docker_variant.scheduler.database import DEFAULT_DB_URL, DatabaseUnavailabl
 from docker_variant.scheduler.store import Store
 from docker_variant.scheduler.tokens import load_tokens
 from docker_variant.scheduler.whatif import parse_what_if
-from docker_variant.serving import (
-    LOG_LEVELS,
+from docker_variant.server.logs import configure_logging
+from docker_variant.server.net import bind_socket, is_loopback, parse_listen
+from docker_variant.server.options import (
     ServerArgumentParser,
+    add_duration_argument,
+    add_listen_argument,
+    add_log_level_argument,
     add_tls_arguments,
-    bind_socket,
-    configure_logging,
-    is_loopback,
-    parse_listen,
-    seconds,
+    add_version_argument,
     tls_options,
 )
 
@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Agent-device variant registry and matcher: places one variant of an "
         "image on nodes whose devices fit it (PEP 817/825 wheel variants for containers).",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_version_argument(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="run the HTTP API")
     serve.add_argument(
@@ -75,17 +75,13 @@ def _parser() -> argparse.ArgumentParser:
         help=f"sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB "
         f"(default ${DB_ENV}, else {DEFAULT_DB_URL})",
     )
-    serve.add_argument(
-        "--listen",
-        default=DEFAULT_LISTEN,
-        metavar="HOST:PORT",
-        help=f"address to listen on (default {DEFAULT_LISTEN})",
-    )
-    serve.add_argument(
+    add_listen_argument(serve, DEFAULT_LISTEN)
+    add_duration_argument(
+        serve,
         "--agent-ttl",
-        type=seconds("agent TTL", 0, strict=False),
+        what="agent TTL",
+        strict=False,
         default=0.0,
-        metavar="SECONDS",
         help="leave out agents without a heartbeat for this long, and degrade their placements (default 0: never)",
     )
     serve.add_argument(
@@ -104,9 +100,7 @@ def _parser() -> argparse.ArgumentParser:
         f'{REGISTRIES_ENV}, comma-separated); without any, only {{"index": ...}} is taken',
     )
     add_tls_arguments(serve, client_ca=True)
-    serve.add_argument(
-        "--log-level", choices=LOG_LEVELS, default="info", help="default %(default)s"
-    )
+    add_log_level_argument(serve)
     add_agent_command(commands)
     _add_what_if_command(commands)
     return parser

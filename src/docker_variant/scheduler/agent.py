@@ -437,18 +437,19 @@ def _message(response: httpx.Response) -> str:
 
 def add_agent_command(commands: Any) -> None:
     """``variant-scheduler agent ...`` on the ``serve`` parser's subcommands."""
-    from docker_variant.serving import LOG_LEVELS, seconds
+    from docker_variant.server.options import add_duration_argument, add_log_level_argument
 
     agent = commands.add_parser("agent", help="run the node agent (heartbeats this node)")
     agent.add_argument("--scheduler", required=True, metavar="URL", help="http(s)://HOST:PORT")
     agent.add_argument(
         "--token-file", type=Path, metavar="FILE", help="the agent's bearer token (one line)"
     )
-    agent.add_argument(
+    add_duration_argument(
+        agent,
         "--interval",
-        type=seconds("interval", 0, strict=True),
+        what="interval",
+        strict=True,
         default=DEFAULT_INTERVAL_S,
-        metavar="SECONDS",
         help="between heartbeats, +-10 %% (default %(default)g)",
     )
     agent.add_argument(
@@ -469,9 +470,7 @@ def add_agent_command(commands: Any) -> None:
         metavar="NS",
         help="also run the third-party provider plugin for namespace NS",
     )
-    agent.add_argument(
-        "--log-level", choices=LOG_LEVELS, default="info", help="default %(default)s"
-    )
+    add_log_level_argument(agent)
 
 
 def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
@@ -483,7 +482,7 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
 
     from docker_variant.providers import PROVIDERS_FILE_ENV
     from docker_variant.scheduler.documents import check_agent_id
-    from docker_variant.serving import configure_logging
+    from docker_variant.server.logs import configure_logging
 
     stop = threading.Event()
 

@@ -47,13 +47,9 @@ from docker_variant.scheduler.placement import Refusal
 from docker_variant.scheduler.store import STATES, Store
 from docker_variant.scheduler.tokens import ANONYMOUS, Principal, TokenTable
 from docker_variant.scheduler.whatif import parse_what_if, what_if
-from docker_variant.serving import (
-    BodyTooLargeError,
-    bearer_token,
-    error_kind,
-    oci_error,
-    read_body,
-)
+from docker_variant.server.auth import bearer_token
+from docker_variant.server.bodies import BodyTooLargeError, read_body
+from docker_variant.server.errors import error_kind, oci_error
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.selection import Candidate
 

@@ -38,7 +38,7 @@ from docker_variant.scheduler.documents import SHARE, check_agent_id
 from docker_variant.scheduler.placement import Judge, Pool, candidate_key, natural_key
 from docker_variant.scheduler.store import Store
 from docker_variant.scheduler.tokens import Principal
-from docker_variant.serving import read_body
+from docker_variant.server.bodies import read_body
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.model import SupportedLists
 from docker_variant.variant.selection import select

@@ -1,0 +1,130 @@
+"""The command-line options both servers (and the node agent) share, defined once: the
+listen address, durations in seconds, the log level, TLS files and ``--version``; and a
+parser whose errors are one line with exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import ssl
+from typing import Any, NoReturn
+
+from docker_variant import __version__
+from docker_variant.errors import InvalidInputError
+
+__all__ = [
+    "LOG_LEVELS",
+    "ServerArgumentParser",
+    "add_duration_argument",
+    "add_listen_argument",
+    "add_log_level_argument",
+    "add_tls_arguments",
+    "add_version_argument",
+    "seconds",
+    "tls_options",
+]
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class ServerArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # one line, not argparse's usage block
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def seconds(what: str, minimum: float, strict: bool) -> type[float]:
+    """An argparse ``type``: a finite number of seconds ``>= minimum`` (``> minimum`` when
+    ``strict``), else an error naming ``what``."""
+
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} {text!r} is not a number") from None
+        if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+            bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+            raise argparse.ArgumentTypeError(f"{what} must be {bound} seconds, got {text!r}")
+        return value
+
+    convert.__name__ = what
+    return convert  # type: ignore[return-value]
+
+
+def add_listen_argument(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--listen HOST:PORT`` (checked later by ``net.parse_listen``)."""
+    parser.add_argument(
+        "--listen",
+        default=default,
+        metavar="HOST:PORT",
+        help=f"address to listen on (default {default})",
+    )
+
+
+def add_duration_argument(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    *,
+    what: str,
+    default: float,
+    help: str,
+    strict: bool,
+    minimum: float = 0,
+) -> None:
+    """``flag SECONDS``: a duration (see ``seconds``); ``help`` may use ``%(default)g``."""
+    parser.add_argument(
+        flag,
+        type=seconds(what, minimum, strict=strict),
+        default=default,
+        metavar="SECONDS",
+        help=help,
+    )
+
+
+def add_log_level_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level", choices=LOG_LEVELS, default="info", help="default %(default)s"
+    )
+
+
+def add_version_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+
+
+def add_tls_arguments(parser: argparse.ArgumentParser, *, client_ca: bool) -> None:
+    parser.add_argument(
+        "--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)"
+    )
+    parser.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
+    if client_ca:
+        parser.add_argument(
+            "--tls-client-ca",
+            metavar="FILE",
+            help="mutual TLS: require client certificates signed by this CA (PEM)",
+        )
+
+
+def tls_options(args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn ``Config`` keywords for ``--tls-cert``/``--tls-key``/``--tls-client-ca``,
+    checked now (``InvalidInputError`` naming the file) rather than at the first handshake."""
+    cert, key = args.tls_cert, args.tls_key
+    client_ca = getattr(args, "tls_client_ca", None)
+    if (cert is None) != (key is None):
+        raise InvalidInputError("--tls-cert and --tls-key go together")
+    if cert is None:
+        if client_ca is not None:
+            raise InvalidInputError("--tls-client-ca needs --tls-cert and --tls-key")
+        return {}
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise InvalidInputError(f"--tls-cert {cert!r} / --tls-key {key!r}: {exc}") from exc
+    options: dict[str, Any] = {"ssl_certfile": cert, "ssl_keyfile": key}
+    if client_ca is not None:
+        try:
+            context.load_verify_locations(client_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise InvalidInputError(f"--tls-client-ca {client_ca!r}: {exc}") from exc
+        options |= {"ssl_ca_certs": client_ca, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    return options
