@@ -26,20 +26,14 @@ import httpx
 import pytest
 
 from docker_variant import devstack
+from docker_variant.agent.client import check_scheduler_url
+from docker_variant.agent.health import nvml_health
+from docker_variant.agent.inputs import read_agent_providers_file
+from docker_variant.agent.node import MAX_BACKOFF_S, Agent, AgentSettings, backoff_delay, jittered
 from docker_variant.errors import InvalidInputError
 from docker_variant.providers import nvidia
 from docker_variant.scheduler import Store
 from docker_variant.scheduler.__main__ import main
-from docker_variant.scheduler.agent import (
-    MAX_BACKOFF_S,
-    Agent,
-    AgentSettings,
-    backoff_delay,
-    check_scheduler_url,
-    jittered,
-    nvml_health,
-    read_agent_providers_file,
-)
 from docker_variant.scheduler.tokens import load_tokens
 from test_scheduler_support import H200_R580, INDEX, X86_V3, SchedulerServer, gpu_lists
 

@@ -24,15 +24,11 @@ import uvicorn
 from sqlalchemy import exc as sa_exc
 
 from docker_variant import __version__
+from docker_variant.agent.client import check_scheduler_url, read_token
+from docker_variant.agent.command import add_agent_command, run_agent_command
 from docker_variant.errors import InvalidInputError, one_line
 from docker_variant.jsondoc import load_json, read_json_file
 from docker_variant.oci.reference import check_registry
-from docker_variant.scheduler.agent import (
-    add_agent_command,
-    check_scheduler_url,
-    read_token,
-    run_agent_command,
-)
 from docker_variant.scheduler.app import create_app
 from docker_variant.scheduler.database import DEFAULT_DB_URL, DatabaseUnavailableError
 from docker_variant.scheduler.store import Store

@@ -1,0 +1,110 @@
+"""``variant-scheduler agent``: the node agent's options, and its run until SIGTERM/SIGINT.
+
+Only the options are defined at import (the scheduler's command line builds its parser from
+them); the providers are loaded when the agent runs."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from docker_variant.agent.settings import DEFAULT_INTERVAL_S, AgentSettings
+from docker_variant.errors import DockerVariantError, InvalidInputError, one_line
+from docker_variant.server.options import add_duration_argument, add_log_level_argument
+
+__all__ = ["add_agent_command", "run_agent_command"]
+
+
+def add_agent_command(commands: Any) -> None:
+    """``variant-scheduler agent ...`` on the scheduler parser's subcommands."""
+    agent: argparse.ArgumentParser = commands.add_parser(
+        "agent", help="run the node agent (heartbeats this node)"
+    )
+    agent.add_argument("--scheduler", required=True, metavar="URL", help="http(s)://HOST:PORT")
+    agent.add_argument(
+        "--token-file", type=Path, metavar="FILE", help="the agent's bearer token (one line)"
+    )
+    add_duration_argument(
+        agent,
+        "--interval",
+        what="interval",
+        strict=True,
+        default=DEFAULT_INTERVAL_S,
+        help="between heartbeats, +-10 %% (default %(default)g)",
+    )
+    agent.add_argument(
+        "--providers-file",
+        type=Path,
+        metavar="FILE",
+        help="supported lists, or `docker-variant providers --devices --json` output, "
+        "instead of detection (default $DOCKER_VARIANT_PROVIDERS_FILE)",
+    )
+    agent.add_argument(
+        "--agent-id", metavar="ID", help="default: this machine's host name (short form)"
+    )
+    agent.add_argument("--resource-group", default="default", metavar="G")
+    agent.add_argument(
+        "--enable-provider",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="also run the third-party provider plugin for namespace NS",
+    )
+    add_log_level_argument(agent)
+
+
+def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
+    """Check the arguments (``error``: one line, exit 2), then beat until SIGTERM/SIGINT."""
+    import os
+    import signal
+    import socket
+    import sys
+
+    from docker_variant.agent.client import check_scheduler_url
+    from docker_variant.agent.node import Agent
+    from docker_variant.providers import PROVIDERS_FILE_ENV
+    from docker_variant.scheduler.documents import check_agent_id
+    from docker_variant.server.logs import configure_logging
+
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    # before the first detection, so that a stop during it is clean too
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        scheduler = check_scheduler_url(args.scheduler)
+        agent_id = check_agent_id(args.agent_id or socket.gethostname().split(".")[0])
+        group = args.resource_group
+        try:
+            check_agent_id(group)  # resource groups follow the agent ids' rule
+        except InvalidInputError as exc:
+            raise InvalidInputError(str(exc).replace("agent_id", "--resource-group", 1)) from None
+        providers_file = args.providers_file or os.environ.get(PROVIDERS_FILE_ENV) or None
+        settings = AgentSettings(
+            scheduler,
+            agent_id,
+            group,
+            args.interval,
+            args.token_file,
+            Path(providers_file) if providers_file else None,
+            tuple(args.enable_provider),
+        )
+        configure_logging(args.log_level)
+        agent = Agent(settings, stop=stop)
+        agent.report()  # a bad providers file or provider is bad input now, not at 3 a.m.
+    except InvalidInputError as exc:
+        error(one_line(str(exc)))
+        return 2
+    except DockerVariantError as exc:  # a provider plugin failed (exit 4)
+        sys.stderr.write(f"variant-scheduler agent: error: {one_line(str(exc))}\n")
+        return exc.exit_code
+    try:
+        return agent.run()
+    finally:
+        agent.close()

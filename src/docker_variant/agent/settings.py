@@ -1,0 +1,21 @@
+"""What an agent is told to do: where to report, as whom, how often, from which lists."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["DEFAULT_INTERVAL_S", "AgentSettings"]
+
+DEFAULT_INTERVAL_S = 10.0
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    scheduler: str  # checked base URL
+    agent_id: str
+    resource_group: str = "default"
+    interval: float = DEFAULT_INTERVAL_S
+    token_file: Path | None = None
+    providers_file: Path | None = None
+    enable: tuple[str, ...] = ()  # third-party provider plugins opted in
