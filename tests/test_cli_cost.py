@@ -140,7 +140,7 @@ def test_help_and_tables_still_load_what_they_need(tmp_path: Path, files: dict[s
 
 
 def test_k8s_option_defaults_agree_with_the_k8s_package() -> None:
-    from docker_variant.cli import K8S_DEFAULT_DEVICE_CLASS, K8S_MAX_COUNT
+    from docker_variant.cli.k8s import K8S_DEFAULT_DEVICE_CLASS, K8S_MAX_COUNT
     from docker_variant.k8s.claim import DEFAULT_DEVICE_CLASS, MAX_COUNT
 
     assert (K8S_DEFAULT_DEVICE_CLASS, K8S_MAX_COUNT) == (DEFAULT_DEVICE_CLASS, MAX_COUNT)

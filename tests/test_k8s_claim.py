@@ -18,7 +18,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from docker_variant.cli import Target, _claim_name_hint, main
+from docker_variant.cli import main
+from docker_variant.cli.k8s import claim_name_hint
+from docker_variant.cli.select import Target
 from docker_variant.errors import InvalidInputError
 from docker_variant.k8s import claim as claim_module
 from docker_variant.k8s.cel import feature_selector
@@ -618,15 +620,15 @@ def test_invalid_index_exits_2(
 def test_name_hints() -> None:
     index = VariantIndex.from_json(json.loads(PYTORCH.read_text()), "pytorch")
     target = Target(index)
-    assert _claim_name_hint(target, "/data/pytorch-2.12.0.json") == "pytorch-2.12.0"
+    assert claim_name_hint(target, "/data/pytorch-2.12.0.json") == "pytorch-2.12.0"
     assert (
-        _claim_name_hint(target, "http://proxy:5080/v2/team/torch/_variants/2.12.0")
+        claim_name_hint(target, "http://proxy:5080/v2/team/torch/_variants/2.12.0")
         == "torch-2.12.0"
     )
     from docker_variant.oci.reference import parse_reference
 
     ref = parse_reference("reg.example:5000/team/my__app:2.12.0-Ubuntu_24.04")
-    hint = _claim_name_hint(Target(index, ref), None)
+    hint = claim_name_hint(Target(index, ref), None)
     assert hint == "my__app-2.12.0-Ubuntu_24.04"
     assert dns_subdomain(hint, "variants") == "my-app-2.12.0-ubuntu-24.04"
     assert dns_subdomain("..._", "variants") == "variants"

@@ -1,0 +1,186 @@
+"""``k8s claim``, ``k8s node-labels`` and ``k8s containerd-hosts``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from docker_variant.cli.options import (
+    EnableOpt,
+    IndexOpt,
+    JsonOpt,
+    ProvidersFileOpt,
+    command_options,
+)
+from docker_variant.cli.output import emit_json, warn
+from docker_variant.cli.select import Target, target_of
+
+__all__ = ["K8S_DEFAULT_DEVICE_CLASS", "K8S_MAX_COUNT", "claim_name_hint", "k8s_app"]
+
+# k8s.claim's DEFAULT_DEVICE_CLASS and MAX_COUNT, written out so that building the command
+# line does not import the k8s package (20 to 45 ms); tests/test_cli_cost.py checks they agree.
+K8S_DEFAULT_DEVICE_CLASS = "gpu.nvidia.com"
+K8S_MAX_COUNT = 32
+
+k8s_app = typer.Typer(
+    name="k8s",
+    help="Kubernetes: a DRA ResourceClaimTemplate, node labels, a containerd hosts.toml.",
+    no_args_is_help=True,
+)
+
+
+def claim_name_hint(target: Target, index: str | None) -> str:
+    """The template name a claim is given by default: ``app-1.0.0`` for ``reg/team/app:1.0.0`` and for a proxy's ``_variants`` URL; else the
+    index file's name without its extension."""
+    import re
+    from urllib.parse import urlsplit
+
+    if target.reference is not None:
+        repository = str(target.reference.repository).rsplit("/", 1)[-1]
+        tag = target.reference.tag
+        return f"{repository}-{tag}" if tag else repository
+    source = index or ""
+    path = urlsplit(source).path if source.startswith(("http://", "https://")) else source
+    if match := re.search(r"/v2/(?:.+/)?([^/]+)/_variants/([^/]+)$", path):
+        return f"{match[1]}-{match[2]}"
+    return Path(path).stem
+
+
+@k8s_app.command("claim")
+def k8s_claim(
+    ctx: typer.Context,
+    ref: Annotated[str | None, typer.Argument(help="registry/name:version")] = None,
+    index: IndexOpt = None,
+    count: Annotated[
+        int,
+        typer.Option("--count", min=1, max=K8S_MAX_COUNT, help="Devices per claim (all alike)."),
+    ] = 1,
+    name: Annotated[
+        str | None,
+        typer.Option("--name", help="Template name (default: from the repository and version)."),
+    ] = None,
+    device_class: Annotated[
+        str, typer.Option("--device-class", help="DeviceClass of every subrequest.")
+    ] = K8S_DEFAULT_DEVICE_CLASS,
+    json_: JsonOpt = False,
+) -> None:
+    """Print a resource.k8s.io/v1 ResourceClaimTemplate asking for devices that fit a variant,
+    best variant first (YAML; JSON with --json)."""
+    from docker_variant.k8s.claim import (
+        check_dns_subdomain,
+        claim_template,
+        dns_subdomain,
+        plan_claim,
+    )
+    from docker_variant.k8s.yamltext import dump_yaml
+
+    opts = command_options(ctx, json_)
+    if name is not None:
+        check_dns_subdomain(name, "--name")
+    check_dns_subdomain(device_class, "--device-class")
+    target = target_of(ref, index)
+    plan = plan_claim(target.index)
+    for warning in plan.warnings:
+        warn(warning)
+    if not plan.subrequests:
+        sys.stderr.write(
+            f"docker-variant: no variant of {target.describe()} can be asked of a device:\n"
+        )
+        for label, why in plan.left_out.items():
+            sys.stderr.write(f"  {label}: {why}\n")
+        for invalid in target.index.invalid:
+            sys.stderr.write(f"  {invalid.tag}: {invalid.error}\n")
+        if not plan.left_out and not target.index.invalid:
+            sys.stderr.write("  (the version has no images)\n")
+        raise typer.Exit(1)
+    document = claim_template(
+        plan,
+        name=name or dns_subdomain(claim_name_hint(target, index), "variants"),
+        count=count,
+        device_class=device_class,
+        source=str(target.reference) if target.reference is not None else index,
+    )
+    if opts.json:
+        emit_json(document)
+    else:
+        sys.stdout.write(dump_yaml(document))
+
+
+@k8s_app.command("node-labels")
+def k8s_node_labels(
+    ctx: typer.Context,
+    json_: JsonOpt = False,
+    providers_file: ProvidersFileOpt = None,
+    enable: EnableOpt = None,
+) -> None:
+    """Print this host's supported properties as node labels (key=value lines; --json)."""
+    from docker_variant.k8s.labels import node_labels
+
+    opts = command_options(ctx, json_, providers_file, enable)
+    result = node_labels(opts.host().host)
+    if result.skipped:
+        warn(
+            f"no label name can carry {', '.join(result.skipped)} (at most 63 characters "
+            "of [A-Za-z0-9._-], a letter or digit at both ends)"
+        )
+    if opts.json:
+        emit_json(result.labels)
+    else:
+        sys.stdout.write("".join(f"{key}={value}\n" for key, value in result.labels.items()))
+
+
+@k8s_app.command("containerd-hosts")
+def k8s_containerd_hosts(
+    ctx: typer.Context,
+    registry: Annotated[str, typer.Argument(help="host[:port], as image references name it")],
+    server: Annotated[
+        str | None,
+        typer.Option(
+            "--server",
+            help="variant-proxy URL (default http://REGISTRY on loopback, else https://).",
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", help="Write DIR/REGISTRY/hosts.toml (atomically) instead."),
+    ] = None,
+    json_: JsonOpt = False,
+    providers_file: ProvidersFileOpt = None,
+    enable: EnableOpt = None,
+) -> None:
+    """Print a containerd hosts.toml that sends this node's X-Variant-Properties."""
+    from docker_variant.k8s.containerd import (
+        HEADER,
+        HEADER_WARN_BYTES,
+        check_registry,
+        check_server,
+        default_server,
+        header_value,
+        hosts_toml,
+        write_hosts_toml,
+    )
+
+    opts = command_options(ctx, json_, providers_file, enable)
+    check_registry(registry)
+    url = check_server(server) if server is not None else default_server(registry)
+    host = opts.host().host
+    if (size := len(header_value(host))) > HEADER_WARN_BYTES:
+        warn(f"the {HEADER} header is {size} bytes; proxies on the way may refuse it")
+    text = hosts_toml(registry, url, host)
+    path = write_hosts_toml(output, registry, text) if output is not None else None
+    if opts.json:
+        emit_json(
+            {
+                "registry": registry,
+                "server": url,
+                "path": str(path) if path is not None else None,
+                "hosts_toml": text,
+            }
+        )
+    elif path is not None:
+        sys.stdout.write(f"{path}\n")
+    else:
+        sys.stdout.write(text)

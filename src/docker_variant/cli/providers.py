@@ -1,0 +1,37 @@
+"""``providers``: what this host supports."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from docker_variant.cli.options import EnableOpt, JsonOpt, ProvidersFileOpt, command_options
+from docker_variant.cli.output import emit_json, stdout_console
+from docker_variant.render import host_table
+
+__all__ = ["providers"]
+
+
+def providers(
+    ctx: typer.Context,
+    devices: Annotated[
+        bool, typer.Option("--devices", help="Also each device's own lists.")
+    ] = False,
+    refresh: Annotated[bool, typer.Option("--refresh", help="Ignore the detection cache.")] = False,
+    json_: JsonOpt = False,
+    providers_file: ProvidersFileOpt = None,
+    enable: EnableOpt = None,
+) -> None:
+    """Print what this host supports (SPEC section 4)."""
+    opts = command_options(ctx, json_, providers_file, enable)
+    report = opts.host(refresh)
+    if opts.json:
+        emit_json(report.to_json() if devices else report.host)
+        return
+    stdout_console().print(host_table(report.host))
+    if devices:
+        for kind, by_id in report.devices.items():
+            for device_id, lists in by_id.items():
+                stdout_console().print(f"\n[bold]{kind} device {device_id}[/]")
+                stdout_console().print(host_table(lists))

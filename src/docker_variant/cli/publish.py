@@ -1,0 +1,281 @@
+"""The publisher's commands: ``labels``, ``inspect``, ``push``, ``publish`` and ``build``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from docker_variant.cli.options import JsonOpt, NoVerifyOpt, PlatformOpt, command_options
+from docker_variant.cli.output import emit_json, stderr_console, stdout_console, warn
+from docker_variant.errors import InvalidInputError
+from docker_variant.render import published_table
+from docker_variant.variant import labels_for, parse_property
+
+if TYPE_CHECKING:
+    from docker_variant.oci.reference import Reference  # the oci package pulls in httpx
+
+__all__ = ["build", "inspect_", "labels", "publish", "push", "verify_local"]
+
+
+def labels(
+    ctx: typer.Context,
+    label: Annotated[
+        str | None, typer.Option("--label", help="The variant label, e.g. cu128 (or null).")
+    ] = None,
+    prop: Annotated[
+        list[str] | None,
+        typer.Option("--property", help='A property "namespace :: feature :: value"; repeat.'),
+    ] = None,
+    namespace_order: Annotated[
+        str | None,
+        typer.Option(
+            "--namespace-order", help="Comma-separated namespace priority, e.g. nvidia,x86_64."
+        ),
+    ] = None,
+    from_image: Annotated[
+        str | None,
+        typer.Option("--from-image", help="Propose them from a registry image's binaries."),
+    ] = None,
+    local: Annotated[
+        str | None,
+        typer.Option("--local", help="Propose them from a local image's binaries."),
+    ] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Validate a variant and print its image labels as `--label k=v` build arguments."""
+    opts = command_options(ctx, json_)
+    order = [ns for ns in (namespace_order or "").split(",") if ns]
+    if from_image is not None or local is not None:
+        from docker_variant.contents.report import inspect_image, labels_from_image
+
+        if prop:
+            raise InvalidInputError("--property and --from-image/--local exclude each other")
+        image = inspect_image(from_image, local, None, stderr_console(), not opts.json)
+        result = labels_from_image(image, label, order)
+    elif label is None:
+        raise InvalidInputError("give --label (with --property ...) or --from-image/--local")
+    else:
+        result = labels_for(label, [parse_property(p) for p in prop or []], order)
+    if opts.json:
+        emit_json(result)
+    else:
+        sys.stdout.write(" ".join(f"--label {k}={v}" for k, v in result.items()) + "\n")
+
+
+def inspect_(
+    ctx: typer.Context,
+    ref: Annotated[
+        str | None, typer.Argument(help="registry/name:tag (read in the registry)")
+    ] = None,
+    local: Annotated[
+        str | None, typer.Option("--local", help="A local image (read through the engine).")
+    ] = None,
+    platform: PlatformOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Read an image's binaries without running it: what they need (with the evidence) and
+    the variant properties to label it with."""
+    from docker_variant.contents.report import inspect_image, inspect_json, inspect_renderable
+
+    opts = command_options(ctx, json_)
+    image = inspect_image(ref, local, platform, stderr_console(), not opts.json)
+    if opts.json:
+        emit_json(inspect_json(image))
+    else:
+        stdout_console().print(inspect_renderable(image))
+
+
+def verify_local(engine: Any, reference: Reference, no_verify: bool, quiet: bool) -> None:
+    """Refuse (exit 2) a local image whose labels promise what its binaries do not deliver."""
+    if no_verify:
+        warn(f"{reference}: --no-verify: its labels are not checked against its binaries")
+        return
+    from docker_variant.contents.check import check_local_image
+    from docker_variant.docker.progress import RichMeter
+
+    with RichMeter(f"verify {reference}", stderr_console(), not quiet) as meter:
+        verdict = check_local_image(engine, reference, meter)
+    for warning in verdict.warnings:
+        warn(f"{reference}: {warning}")
+
+
+def push(
+    ctx: typer.Context,
+    ref: Annotated[
+        str, typer.Argument(help="registry/name:version-label (or :version for a bare image)")
+    ],
+    no_verify: NoVerifyOpt = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Check the local image's variant labels against its tag and its binaries, then push it."""
+    from docker_variant.docker import Engine, LayerProgress, push_image
+    from docker_variant.oci.reference import parse_reference
+    from docker_variant.oci.source import refresh_proxy_index
+
+    opts = command_options(ctx, json_)
+    with Engine() as engine:
+        verify_local(engine, parse_reference(ref), no_verify, opts.json)
+        with LayerProgress("push", console=stderr_console(), enabled=not opts.json) as progress:
+            reference, variant = push_image(engine, ref, progress)
+    label = variant.label if variant else None
+    version = reference.tag[: -len(label) - 1] if label and reference.tag else reference.tag
+    refreshed = refresh_proxy_index(reference, version or "")
+    if opts.json:
+        emit_json(
+            {
+                "reference": str(reference),
+                "label": label,
+                "version": version,
+                "proxy_index_refreshed": refreshed,
+            }
+        )
+    else:
+        what = f'variant "{label}"' if label else "bare image"
+        sys.stdout.write(f"Pushed {what} of {reference.name} version {version}\n")
+
+
+def publish(
+    ctx: typer.Context,
+    ref: Annotated[str, typer.Argument(help="registry/name:version")],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the index; push nothing.")
+    ] = False,
+    no_verify: NoVerifyOpt = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Write the version's variant image index at tag VERSION (SPEC section 10), so that
+    any registry serves the whole set in one request."""
+    from docker_variant.oci.reference import parse_reference
+    from docker_variant.publish.publisher import publish as publish_index
+
+    opts = command_options(ctx, json_)
+    if no_verify:
+        warn(f"{ref}: --no-verify: labels are not checked against the images' binaries")
+    published = publish_index(parse_reference(ref), dry_run=dry_run, verify=not no_verify)
+    for warning in published.warnings:
+        warn(warning)
+    if dry_run and not opts.json:
+        sys.stdout.write(json.dumps(json.loads(published.body), indent=2) + "\n")
+        return
+    if opts.json:
+        emit_json(
+            {
+                "reference": str(published.reference),
+                "digest": published.digest,
+                "changed": published.changed,
+                "dry_run": dry_run,
+                "index": json.loads(published.body),
+            }
+        )
+        return
+    stdout_console().print(published_table(published.entries, f"Variant image index of {ref}"))
+    state = "published" if published.changed else "already published (unchanged)"
+    sys.stdout.write(
+        f"{published.reference}: variant image index {state}, {published.digest}, "
+        f"{len(published.entries)} entries\n"
+    )
+
+
+def build(
+    ctx: typer.Context,
+    ref: Annotated[str, typer.Argument(help="registry/name:version")],
+    context: Annotated[Path, typer.Argument(help="Build context (default: .).")] = Path("."),
+    matrix_file: Annotated[
+        Path, typer.Option("--matrix", help="TOML matrix: one image per [[variant]] entry.")
+    ] = Path("variants.toml"),
+    push_: Annotated[bool, typer.Option("--push", help="Push every image built.")] = False,
+    publish_: Annotated[
+        bool, typer.Option("--publish", help="Push, then write the variant image index.")
+    ] = False,
+    no_verify: NoVerifyOpt = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Build one image per matrix entry from one Dockerfile, labelled and tagged
+    VERSION-<label>; with --push push them, with --publish also write the index."""
+    from rich.table import Table
+
+    from docker_variant.docker import BuildProgress, Engine, LayerProgress, push_image
+    from docker_variant.docker.context import context_archive
+    from docker_variant.oci.reference import parse_reference
+    from docker_variant.publish.build import build_matrix, matrix_targets
+    from docker_variant.publish.matrix import load_matrix
+    from docker_variant.publish.publisher import publish as publish_index
+
+    opts = command_options(ctx, json_)
+    # Everything that can be refused is checked before the first build starts.
+    matrix = load_matrix(matrix_file)
+    reference = parse_reference(ref)
+    targets = matrix_targets(matrix, reference)
+    context_archive(context, matrix.dockerfile)  # the context and its Dockerfile exist
+    names = [str(t.tag) for _, t in targets]
+    pushed: set[str] = set()
+    with Engine() as engine:
+        engine.ping()
+        with BuildProgress(names, console=stderr_console(), enabled=not opts.json) as progress:
+            built = build_matrix(
+                engine,
+                matrix,
+                reference,
+                context,
+                lambda entry, event: progress.event(entry.tag(reference.tag or ""), event),
+            )
+            for image in built:
+                progress.done(str(image.reference.tag), "built")
+        if push_ or publish_:
+            for image in built:  # every image is checked before the first push
+                verify_local(engine, image.reference, no_verify, opts.json)
+            for image in built:
+                with LayerProgress(
+                    "push", console=stderr_console(), enabled=not opts.json
+                ) as layers:
+                    push_image(engine, str(image.reference), layers)
+                pushed.add(str(image.reference))
+    published = (
+        publish_index(
+            reference, verify=not no_verify, verified_tags={t.tag for _, t in targets if t.tag}
+        )
+        if publish_
+        else None
+    )
+    for warning in published.warnings if published else ():
+        warn(warning)
+    rows = [
+        {
+            "entry": image.entry.name,
+            "label": image.entry.label,
+            "platform": str(image.entry.platform) if image.entry.platform else None,
+            "reference": str(image.reference),
+            "image_id": image.image_id,
+            "pushed": str(image.reference) in pushed,
+        }
+        for image in built
+    ]
+    if opts.json:
+        emit_json(
+            {
+                "images": rows,
+                "index_digest": published.digest if published else None,
+            }
+        )
+        return
+    table = Table(title=f"Built {len(rows)} images of {ref}", title_justify="left")
+    for column in ("entry", "platform", "reference", "image", "pushed"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(
+            str(row["entry"]),
+            str(row["platform"] or "(engine's)"),
+            str(row["reference"]),
+            str(row["image_id"])[7:19],
+            "yes" if row["pushed"] else "no",
+        )
+    stdout_console().print(table)
+    if published is not None:
+        sys.stdout.write(
+            f"{published.reference}: variant image index published, {published.digest}, "
+            f"{len(published.entries)} entries\n"
+        )

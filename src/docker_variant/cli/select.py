@@ -1,0 +1,208 @@
+"""``ls``, ``resolve`` and ``pull``: which index, and which of its variants fits this host."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from docker_variant.cli.options import (
+    EnableOpt,
+    IndexOpt,
+    JsonOpt,
+    Options,
+    PlatformOpt,
+    ProvidersFileOpt,
+    command_options,
+)
+from docker_variant.cli.output import emit_json, stderr_console, stdout_console
+from docker_variant.errors import InvalidInputError
+from docker_variant.render import selection_json, selection_table
+from docker_variant.variant import Candidate, Selection, VariantIndex, select
+
+if TYPE_CHECKING:
+    from docker_variant.oci.reference import Reference  # the oci package pulls in httpx
+
+__all__ = [
+    "Target",
+    "load_index",
+    "ls_",
+    "pull",
+    "report_no_match",
+    "resolve",
+    "select_for_host",
+    "target_of",
+]
+
+
+def load_index(source: str) -> VariantIndex:
+    """A variant index document from a file or an http(s) URL."""
+    if source.startswith(("http://", "https://")):
+        from docker_variant.oci.source import download_index
+
+        return download_index(source)
+    from docker_variant.jsondoc import read_json_file
+
+    return VariantIndex.from_json(
+        read_json_file(source, f"index file {source!r}"), f"index {source}"
+    )
+
+
+@dataclass(frozen=True)
+class Target:
+    """What ls/resolve/pull work on: an index, and the reference it came from if any."""
+
+    index: VariantIndex
+    reference: Reference | None = None  # None for --index
+
+    def describe(self) -> str:
+        return str(self.reference) if self.reference is not None else "the index"
+
+    def chosen_ref(self, tag: str) -> str:
+        return tag if self.reference is None else str(self.reference.with_tag(tag))
+
+
+def target_of(ref: str | None, index: str | None) -> Target:
+    """The index of REF (from its registry) or of ``--index``: exactly one of them."""
+    if (ref is None) == (index is None):
+        raise InvalidInputError(
+            "give exactly one of REF (registry/name:version) or --index FILE|URL"
+        )
+    if index is not None:
+        return Target(load_index(index))
+    from docker_variant.oci.source import fetch_index
+
+    assert ref is not None
+    reference, variant_index = fetch_index(ref)
+    return Target(variant_index, reference)
+
+
+def select_for_host(opts: Options, target: Target, platform: str | None) -> Selection:
+    from docker_variant.variant.platform import Platform, host_platform
+
+    # As docker pull: the engine's machine unless --platform says otherwise, also when a
+    # providers file describes the host's devices.
+    chosen = Platform.parse(platform, "--platform") if platform else host_platform()
+    return select(target.index, opts.host().host, chosen)
+
+
+def report_no_match(selection: Selection, target: Target) -> None:
+    sys.stderr.write(f"docker-variant: no variant of {target.describe()} fits this host:\n")
+    for c in selection.rejected:
+        sys.stderr.write(f"  {c.label or c.tag}: {c.reason}\n")
+    if not selection.rejected:
+        sys.stderr.write("  (the version has no images)\n")
+
+
+def ls_(
+    ctx: typer.Context,
+    ref: Annotated[str | None, typer.Argument(help="registry/name:version")] = None,
+    index: IndexOpt = None,
+    platform: PlatformOpt = None,
+    json_: JsonOpt = False,
+    providers_file: ProvidersFileOpt = None,
+    enable: EnableOpt = None,
+) -> None:
+    """List every variant: compatible or not (with the reason), rank and tag."""
+    opts = command_options(ctx, json_, providers_file, enable)
+    target = target_of(ref, index)
+    selection = select_for_host(opts, target, platform)
+    if opts.json:
+        emit_json(selection_json(selection, str(target.reference) if target.reference else None))
+    else:
+        stdout_console().print(selection_table(selection, f"Variants of {target.describe()}"))
+
+
+def resolve(
+    ctx: typer.Context,
+    ref: Annotated[str | None, typer.Argument(help="registry/name:version")] = None,
+    index: IndexOpt = None,
+    platform: PlatformOpt = None,
+    json_: JsonOpt = False,
+    providers_file: ProvidersFileOpt = None,
+    enable: EnableOpt = None,
+) -> None:
+    """Print the reference of the best variant for this host."""
+    opts = command_options(ctx, json_, providers_file, enable)
+    target = target_of(ref, index)
+    selection = select_for_host(opts, target, platform)
+    best = selection.best
+    if best is None:
+        if opts.json:
+            emit_json(selection_json(selection, None))
+        report_no_match(selection, target)
+        raise typer.Exit(1)
+    chosen = target.chosen_ref(best.tag)
+    if opts.json:
+        emit_json(
+            {
+                "reference": chosen,
+                "label": best.label,
+                "tag": best.tag,
+                "digest": best.digest,
+                "kind": best.kind,
+            }
+        )
+    else:
+        sys.stdout.write(chosen + "\n")
+
+
+def _chosen_message(best: Candidate, reference: Reference) -> str:
+    what = f'variant "{best.label}"' if best.label else "the bare image"
+    return f"Selected {what} of {reference.name} version {reference.tag}"
+
+
+def pull(
+    ctx: typer.Context,
+    ref: Annotated[str, typer.Argument(help="registry/name:version")],
+    index: IndexOpt = None,
+    platform: PlatformOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the choice only.")] = False,
+    json_: JsonOpt = False,
+    providers_file: ProvidersFileOpt = None,
+    enable: EnableOpt = None,
+) -> None:
+    """Pull the best variant of REF for this host and tag it as REF and as its own tag."""
+    from docker_variant.docker import Engine, LayerProgress, pull_candidate
+    from docker_variant.oci.reference import parse_reference
+
+    opts = command_options(ctx, json_, providers_file, enable)
+    reference = parse_reference(ref)
+    if reference.tag is None or reference.digest is not None:
+        raise InvalidInputError(f"{ref}: pull needs registry/name:version (a tag, no digest)")
+    engine = None if dry_run else Engine()
+    try:
+        if engine is not None:
+            engine.ping()  # fail fast, before any registry traffic
+        target = Target(load_index(index), reference) if index else target_of(ref, None)
+        selection = select_for_host(opts, target, platform)
+        best = selection.best
+        if best is None:
+            if not opts.json:
+                stderr_console().print(selection_table(selection, f"Variants of {reference}"))
+            report_no_match(selection, target)
+            raise typer.Exit(1)
+        message = _chosen_message(best, reference)
+        result = None
+        if engine is not None:
+            with LayerProgress("pull", console=stderr_console(), enabled=not opts.json) as progress:
+                result = pull_candidate(engine, reference, best, progress)
+    finally:
+        if engine is not None:
+            engine.close()
+    if opts.json:
+        emit_json(
+            {
+                "reference": str(reference),
+                "chosen": target.chosen_ref(best.tag),
+                "label": best.label,
+                "kind": best.kind,
+                "digest": best.digest,
+                "image_id": result.image_id if result else None,
+                "tags": list(result.tags) if result else [],
+            }
+        )
+    else:
+        sys.stdout.write(message + "\n")
