@@ -15,8 +15,10 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from docker_variant.oci.imageindex import IndexEntry  # the oci package pulls in httpx
+    from docker_variant.publish.build import BuildReport
 
 __all__ = [
+    "built_table",
     "candidate_json",
     "host_table",
     "properties_text",
@@ -96,6 +98,24 @@ def published_table(entries: Sequence[IndexEntry], title: str) -> Table:
             entry.tag,
             entry.digest,
             "[green]this one[/]" if first else "",
+        )
+    return table
+
+
+def built_table(report: BuildReport, title: str) -> Table:
+    """The images a matrix build made, in matrix order."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for column in ("entry", "platform", "reference", "image", "pushed"):
+        table.add_column(column, overflow="fold")
+    for row in report.rows():
+        table.add_row(
+            str(row["entry"]),
+            str(row["platform"] or "(engine's)"),
+            str(row["reference"]),
+            str(row["image_id"])[7:19],
+            "yes" if row["pushed"] else "no",
         )
     return table
 

@@ -5,20 +5,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 
 from docker_variant.cli.options import JsonOpt, NoVerifyOpt, PlatformOpt, command_options
 from docker_variant.cli.output import emit_json, stderr_console, stdout_console, warn
 from docker_variant.errors import InvalidInputError
-from docker_variant.render import published_table
+from docker_variant.render import built_table, published_table
 from docker_variant.variant import labels_for, parse_property
 
-if TYPE_CHECKING:
-    from docker_variant.oci.reference import Reference  # the oci package pulls in httpx
-
-__all__ = ["build", "inspect_", "labels", "publish", "push", "verify_local"]
+__all__ = ["build", "inspect_", "labels", "publish", "push"]
 
 
 def labels(
@@ -89,20 +86,6 @@ def inspect_(
         stdout_console().print(inspect_renderable(image))
 
 
-def verify_local(engine: Any, reference: Reference, no_verify: bool, quiet: bool) -> None:
-    """Refuse (exit 2) a local image whose labels promise what its binaries do not deliver."""
-    if no_verify:
-        warn(f"{reference}: --no-verify: its labels are not checked against its binaries")
-        return
-    from docker_variant.contents.check import check_local_image
-    from docker_variant.docker.progress import RichMeter
-
-    with RichMeter(f"verify {reference}", stderr_console(), not quiet) as meter:
-        verdict = check_local_image(engine, reference, meter)
-    for warning in verdict.warnings:
-        warn(f"{reference}: {warning}")
-
-
 def push(
     ctx: typer.Context,
     ref: Annotated[
@@ -115,10 +98,18 @@ def push(
     from docker_variant.docker import Engine, LayerProgress, push_image
     from docker_variant.oci.reference import parse_reference
     from docker_variant.oci.source import refresh_proxy_index
+    from docker_variant.publish.verify import verify_local
 
     opts = command_options(ctx, json_)
     with Engine() as engine:
-        verify_local(engine, parse_reference(ref), no_verify, opts.json)
+        verify_local(
+            engine,
+            parse_reference(ref),
+            verify=not no_verify,
+            console=stderr_console(),
+            show_progress=not opts.json,
+            warn=warn,
+        )
         with LayerProgress("push", console=stderr_console(), enabled=not opts.json) as progress:
             reference, variant = push_image(engine, ref, progress)
     label = variant.label if variant else None
@@ -196,84 +187,34 @@ def build(
 ) -> None:
     """Build one image per matrix entry from one Dockerfile, labelled and tagged
     VERSION-<label>; with --push push them, with --publish also write the index."""
-    from rich.table import Table
-
-    from docker_variant.docker import BuildProgress, Engine, LayerProgress, push_image
-    from docker_variant.docker.context import context_archive
     from docker_variant.oci.reference import parse_reference
-    from docker_variant.publish.build import build_matrix, matrix_targets
+    from docker_variant.publish.build import build_release
     from docker_variant.publish.matrix import load_matrix
-    from docker_variant.publish.publisher import publish as publish_index
 
     opts = command_options(ctx, json_)
-    # Everything that can be refused is checked before the first build starts.
     matrix = load_matrix(matrix_file)
     reference = parse_reference(ref)
-    targets = matrix_targets(matrix, reference)
-    context_archive(context, matrix.dockerfile)  # the context and its Dockerfile exist
-    names = [str(t.tag) for _, t in targets]
-    pushed: set[str] = set()
-    with Engine() as engine:
-        engine.ping()
-        with BuildProgress(names, console=stderr_console(), enabled=not opts.json) as progress:
-            built = build_matrix(
-                engine,
-                matrix,
-                reference,
-                context,
-                lambda entry, event: progress.event(entry.tag(reference.tag or ""), event),
-            )
-            for image in built:
-                progress.done(str(image.reference.tag), "built")
-        if push_ or publish_:
-            for image in built:  # every image is checked before the first push
-                verify_local(engine, image.reference, no_verify, opts.json)
-            for image in built:
-                with LayerProgress(
-                    "push", console=stderr_console(), enabled=not opts.json
-                ) as layers:
-                    push_image(engine, str(image.reference), layers)
-                pushed.add(str(image.reference))
-    published = (
-        publish_index(
-            reference, verify=not no_verify, verified_tags={t.tag for _, t in targets if t.tag}
-        )
-        if publish_
-        else None
+    report = build_release(
+        matrix,
+        reference,
+        context,
+        push=push_,
+        publish=publish_,
+        verify=not no_verify,
+        console=stderr_console(),
+        show_progress=not opts.json,
+        warn=warn,
     )
-    for warning in published.warnings if published else ():
-        warn(warning)
-    rows = [
-        {
-            "entry": image.entry.name,
-            "label": image.entry.label,
-            "platform": str(image.entry.platform) if image.entry.platform else None,
-            "reference": str(image.reference),
-            "image_id": image.image_id,
-            "pushed": str(image.reference) in pushed,
-        }
-        for image in built
-    ]
+    published = report.published
     if opts.json:
         emit_json(
             {
-                "images": rows,
+                "images": report.rows(),
                 "index_digest": published.digest if published else None,
             }
         )
         return
-    table = Table(title=f"Built {len(rows)} images of {ref}", title_justify="left")
-    for column in ("entry", "platform", "reference", "image", "pushed"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(
-            str(row["entry"]),
-            str(row["platform"] or "(engine's)"),
-            str(row["reference"]),
-            str(row["image_id"])[7:19],
-            "yes" if row["pushed"] else "no",
-        )
-    stdout_console().print(table)
+    stdout_console().print(built_table(report, f"Built {len(report.images)} images of {ref}"))
     if published is not None:
         sys.stdout.write(
             f"{published.reference}: variant image index published, {published.digest}, "

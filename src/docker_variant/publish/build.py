@@ -1,11 +1,13 @@
 """``docker variant build --matrix``: every matrix entry built from one Dockerfile through the
-Engine API, with the SPEC 3 labels set by the tool and tagged ``VERSION-<label>``."""
+Engine API, with the variant labels set by the tool and tagged ``VERSION-<label>``; then, if
+asked, each image checked and pushed, and the variant image index written."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from docker_variant.docker.context import context_archive
 from docker_variant.docker.engine import Engine, ProgressEvent
@@ -13,7 +15,12 @@ from docker_variant.errors import InvalidInputError
 from docker_variant.oci.reference import Reference
 from docker_variant.publish.matrix import Matrix, MatrixEntry
 
-__all__ = ["BuiltImage", "build_matrix", "matrix_targets"]
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from docker_variant.publish.publisher import Published
+
+__all__ = ["BuildReport", "BuiltImage", "build_matrix", "build_release", "matrix_targets"]
 
 
 @dataclass(frozen=True)
@@ -21,6 +28,30 @@ class BuiltImage:
     entry: MatrixEntry
     reference: Reference
     image_id: str
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    """What ``build_release`` did: the images in matrix order, which were pushed, and the
+    index written (``None`` without ``publish``)."""
+
+    images: list[BuiltImage]
+    pushed: set[str] = field(default_factory=set)  # references, as strings
+    published: Published | None = None
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One JSON object per image."""
+        return [
+            {
+                "entry": image.entry.name,
+                "label": image.entry.label,
+                "platform": str(image.entry.platform) if image.entry.platform else None,
+                "reference": str(image.reference),
+                "image_id": image.image_id,
+                "pushed": str(image.reference) in self.pushed,
+            }
+            for image in self.images
+        ]
 
 
 def matrix_targets(matrix: Matrix, reference: Reference) -> list[tuple[MatrixEntry, Reference]]:
@@ -37,10 +68,12 @@ def build_matrix(
     reference: Reference,
     context: Path,
     on_event: Callable[[MatrixEntry, ProgressEvent], None],
+    archive: bytes | None = None,
 ) -> list[BuiltImage]:
-    """Build every entry, in matrix order; the context is archived once."""
+    """Build every entry, in matrix order; the context is archived once (or given)."""
     targets = matrix_targets(matrix, reference)
-    archive = context_archive(context, matrix.dockerfile)
+    if archive is None:
+        archive = context_archive(context, matrix.dockerfile)
     built: list[BuiltImage] = []
     for entry, target in targets:
         image_id = engine.build(
@@ -54,3 +87,66 @@ def build_matrix(
         )
         built.append(BuiltImage(entry, target, image_id))
     return built
+
+
+def build_release(
+    matrix: Matrix,
+    reference: Reference,
+    context: Path,
+    *,
+    push: bool,
+    publish: bool,
+    verify: bool,
+    console: Console,
+    show_progress: bool,
+    warn: Callable[[str], None],
+) -> BuildReport:
+    """Build the matrix; with ``push`` (or ``publish``) check every image (unless not
+    ``verify``) before the first push, then push them all; with ``publish`` write the
+    version's variant image index. Everything that can be refused (the reference, the
+    context and its Dockerfile) is checked before the first build starts. Progress bars
+    go to ``console`` when ``show_progress``; warnings to ``warn``."""
+    from docker_variant.docker.ops import push_image
+    from docker_variant.docker.progress import BuildProgress, LayerProgress
+    from docker_variant.publish.publisher import publish as publish_index
+    from docker_variant.publish.verify import verify_local
+
+    targets = matrix_targets(matrix, reference)
+    archive = context_archive(context, matrix.dockerfile)
+    pushed: set[str] = set()
+    with Engine() as engine:
+        engine.ping()
+        names = [str(t.tag) for _, t in targets]
+        with BuildProgress(names, console=console, enabled=show_progress) as progress:
+            built = build_matrix(
+                engine,
+                matrix,
+                reference,
+                context,
+                lambda entry, event: progress.event(entry.tag(reference.tag or ""), event),
+                archive,
+            )
+            for image in built:
+                progress.done(str(image.reference.tag), "built")
+        if push or publish:
+            for image in built:  # every image is checked before the first push
+                verify_local(
+                    engine,
+                    image.reference,
+                    verify=verify,
+                    console=console,
+                    show_progress=show_progress,
+                    warn=warn,
+                )
+            for image in built:
+                with LayerProgress("push", console=console, enabled=show_progress) as layers:
+                    push_image(engine, str(image.reference), layers)
+                pushed.add(str(image.reference))
+    published = None
+    if publish:
+        published = publish_index(
+            reference, verify=verify, verified_tags={t.tag for _, t in targets if t.tag}
+        )
+        for warning in published.warnings:
+            warn(warning)
+    return BuildReport(built, pushed, published)
