@@ -30,7 +30,7 @@ INDEX = {
         }
         for label in ("cu128", "cu126", "sm100", "v3", "npu", "null")
     },
-    "bare": {"tag": "1.0.0", "digest": "sha256:bare"},
+    "bare": {"tag": "1.0.0", "digest": "sha256:" + hashlib.sha256(b"bare").hexdigest()},
     "invalid": [
         {
             "tag": "1.0.0-bad",

@@ -143,14 +143,19 @@ def test_label_parser_fuzz_only_raises_invalid_input(labels: dict[str, str]) -> 
         assert str(exc) and "\n" not in str(exc)
 
 
-def rec(tag: str, labels: dict[str, str] | None, digest: str = "sha256:0") -> ImageRecord:
+# Index documents carry real digests: sha256 and 64 lowercase hex digits.
+BARE_DIGEST = "sha256:" + "ba" * 32
+CU128_DIGEST = "sha256:" + "c1" * 32
+
+
+def rec(tag: str, labels: dict[str, str] | None, digest: str = "sha256:" + "0" * 64) -> ImageRecord:
     return ImageRecord(tag, digest, labels)
 
 
 def test_build_index_sorts_out_versions_bare_null_and_invalid() -> None:
     records = [
-        rec("1.0.0", {}, "sha256:bare"),
-        rec("1.0.0-cu128", CU128, "sha256:cu128"),
+        rec("1.0.0", {}, BARE_DIGEST),
+        rec("1.0.0-cu128", CU128, CU128_DIGEST),
         rec("1.0.0-null", {LABEL_KEY: "null"}),
         rec(
             "1.0.0-v3",
@@ -173,8 +178,8 @@ def test_build_index_sorts_out_versions_bare_null_and_invalid() -> None:
     ]
     index = build_index("1.0.0", records)
     assert sorted(index.variants) == ["cu128", "null", "v3"]
-    assert index.images["cu128"].digest == "sha256:cu128"
-    assert index.bare is not None and index.bare.digest == "sha256:bare"
+    assert index.images["cu128"].digest == CU128_DIGEST
+    assert index.bare is not None and index.bare.digest == BARE_DIGEST
     assert [i.tag for i in index.invalid] == ["1.0.0-bad", "1.0.0-garbage", "1.0.0-wrong"]
     assert "'9.0 '" in index.invalid[0].error
     # x86_64 was stated; nvidia is used but not stated, so it follows the stated order
@@ -182,7 +187,7 @@ def test_build_index_sorts_out_versions_bare_null_and_invalid() -> None:
     doc = index.to_json()
     assert doc["variants"]["null"] == {} and doc["bare"] == {
         "tag": "1.0.0",
-        "digest": "sha256:bare",
+        "digest": BARE_DIGEST,
     }
     assert VariantIndex.from_json(doc, "round trip").to_json() == doc
 

@@ -1,24 +1,62 @@
-"""OCI distribution: references, credentials, a registry client and the index scan."""
+"""OCI distribution: the wire grammar, error codes, HTTP clients, credentials, a registry
+client and the index scan.
 
-from docker_variant.oci.auth import Credentials, RegistryAuth, docker_config_path, load_credentials
-from docker_variant.oci.client import (
-    MANIFEST_ACCEPT,
-    Manifest,
-    Platform,
-    RegistryClient,
-    config_labels,
-    host_platform,
-)
-from docker_variant.oci.errors import (
-    BadUpstreamResponseError,
-    NotFoundError,
-    RegistryAuthError,
-    RegistryError,
-    UpstreamUnavailableError,
-)
-from docker_variant.oci.reference import Reference, parse_reference, registry_base_url
-from docker_variant.oci.scan import scan_index, scan_index_sync
-from docker_variant.oci.source import fetch_index, fetch_index_async
+Nothing is imported until it is asked for (PEP 562): ``oci.grammar``, ``oci.reference``,
+``oci.errcode`` and ``oci.mediatypes`` are pure and load no httpx, so the variant model and
+the command line's parsing can use them without the cost of the client.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from docker_variant.oci.auth import (
+        Credentials,
+        RegistryAuth,
+        docker_config_path,
+        load_credentials,
+    )
+    from docker_variant.oci.client import Manifest, RegistryClient, config_labels
+    from docker_variant.oci.errors import (
+        BadUpstreamResponseError,
+        NotFoundError,
+        RegistryAuthError,
+        RegistryError,
+        UpstreamUnavailableError,
+    )
+    from docker_variant.oci.mediatypes import MANIFEST_ACCEPT
+    from docker_variant.oci.reference import Reference, parse_reference, registry_base_url
+    from docker_variant.oci.scan import scan_index, scan_index_sync
+    from docker_variant.oci.source import fetch_index, fetch_index_async
+    from docker_variant.variant.platform import Platform, host_platform
+
+# Each public name and the module that defines it.
+_HOMES = {
+    "MANIFEST_ACCEPT": "mediatypes",
+    "BadUpstreamResponseError": "errors",
+    "Credentials": "auth",
+    "Manifest": "client",
+    "NotFoundError": "errors",
+    "Platform": "client",
+    "Reference": "reference",
+    "RegistryAuth": "auth",
+    "RegistryAuthError": "errors",
+    "RegistryClient": "client",
+    "RegistryError": "errors",
+    "UpstreamUnavailableError": "errors",
+    "config_labels": "client",
+    "docker_config_path": "auth",
+    "fetch_index": "source",
+    "fetch_index_async": "source",
+    "host_platform": "client",
+    "load_credentials": "auth",
+    "parse_reference": "reference",
+    "registry_base_url": "reference",
+    "scan_index": "scan",
+    "scan_index_sync": "scan",
+}
 
 __all__ = [
     "MANIFEST_ACCEPT",
@@ -44,3 +82,12 @@ __all__ = [
     "scan_index",
     "scan_index_sync",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # asked once
+    return value

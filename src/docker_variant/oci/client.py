@@ -36,6 +36,17 @@ from docker_variant.oci.errors import (
     RegistryError,
     UpstreamUnavailableError,
 )
+from docker_variant.oci.imageindex import stated_platform
+from docker_variant.oci.mediatypes import (
+    DOCKER_MANIFEST,
+    DOCKER_MANIFEST_LIST,
+    GENERIC_TYPES,
+    INDEX_TYPES,
+    MANIFEST_ACCEPT,
+    MANIFEST_TYPES,
+    OCI_INDEX,
+    OCI_MANIFEST,
+)
 from docker_variant.oci.reference import (
     check_manifest_reference,
     check_repository,
@@ -59,16 +70,6 @@ __all__ = [
     "system_tls",
 ]
 
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-DOCKER_MANIFEST_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
-DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
-_INDEX_TYPES = frozenset({OCI_INDEX, DOCKER_MANIFEST_LIST})
-_MANIFEST_TYPES = frozenset({OCI_MANIFEST, DOCKER_MANIFEST})
-# Without the OCI index type a registry answers an index tag with 404 MANIFEST_UNKNOWN.
-MANIFEST_ACCEPT = ", ".join([OCI_INDEX, OCI_MANIFEST, DOCKER_MANIFEST_LIST, DOCKER_MANIFEST])
-_GENERIC_TYPES = frozenset({"", "application/json", "application/octet-stream", "text/plain"})
-
 _MANIFEST_LIMIT = 4 << 20  # the distribution spec's minimum a registry must accept
 _CONFIG_LIMIT = 32 << 20
 _TAGS_LIMIT = 32 << 20
@@ -91,7 +92,7 @@ class Manifest:
 
     @property
     def is_index(self) -> bool:
-        return self.media_type in _INDEX_TYPES
+        return self.media_type in INDEX_TYPES
 
     @property
     def tag_digest(self) -> str:
@@ -362,10 +363,10 @@ class RegistryClient:
             headers={"Accept": MANIFEST_ACCEPT},
         )
         content_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
-        if content_type not in _INDEX_TYPES | _MANIFEST_TYPES | _GENERIC_TYPES:
+        if content_type not in INDEX_TYPES | MANIFEST_TYPES | GENERIC_TYPES:
             raise _bad(f"{what}: unexpected content type {content_type!r}", response)
         data = _json_object(body, what, response)
-        media_type = content_type if content_type not in _GENERIC_TYPES else _infer_type(data)
+        media_type = content_type if content_type not in GENERIC_TYPES else _infer_type(data)
         _check_shape(data, media_type, what, response)
         if reference.startswith("sha256:"):
             _check_digest(body, reference, what, response)
@@ -566,7 +567,7 @@ def _infer_type(data: Mapping[str, Any]) -> str:
     # A registry may label a manifest application/json; its mediaType field (optional
     # for OCI) or its shape says what it is.
     stated = data.get("mediaType")
-    if isinstance(stated, str) and stated in _INDEX_TYPES | _MANIFEST_TYPES:
+    if isinstance(stated, str) and stated in INDEX_TYPES | MANIFEST_TYPES:
         return stated
     return OCI_INDEX if "manifests" in data else OCI_MANIFEST
 
@@ -574,7 +575,7 @@ def _infer_type(data: Mapping[str, Any]) -> str:
 def _check_shape(
     data: Mapping[str, Any], media_type: str, what: str, response: httpx.Response
 ) -> None:
-    if media_type in _INDEX_TYPES:
+    if media_type in INDEX_TYPES:
         entries = data.get("manifests")
         if not isinstance(entries, list) or not all(
             isinstance(e, dict) and isinstance(e.get("digest"), str) for e in entries
@@ -607,17 +608,6 @@ def _pick_platform(index: Manifest, wanted: Platform, name: str) -> str:
         f"manifest {name}: the index has no linux manifest (wanted {wanted})",
         code="MANIFEST_UNKNOWN",
     )
-
-
-def stated_platform(data: object) -> Platform | None:
-    """The platform an image config or an index descriptor's ``platform`` states (``os``,
-    ``architecture``, ``variant``), if it states a usable one."""
-    if not isinstance(data, dict):
-        return None
-    os_name, arch, variant = (data.get(k) for k in ("os", "architecture", "variant"))
-    if not isinstance(os_name, str) or not isinstance(arch, str) or not os_name or not arch:
-        return None
-    return Platform.of(os_name, arch, variant if isinstance(variant, str) else "")
 
 
 def _sha256(body: bytes) -> str:

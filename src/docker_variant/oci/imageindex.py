@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from docker_variant.oci.client import OCI_INDEX, stated_platform
+from docker_variant.oci.mediatypes import OCI_INDEX
 from docker_variant.variant.index import ImageRecord, VariantIndex
 from docker_variant.variant.labels import LABEL_KEY, LABEL_PREFIX, NAMESPACE_ORDER_KEY
 from docker_variant.variant.model import NULL_LABEL
@@ -29,6 +29,7 @@ __all__ = [
     "is_variant_image_index",
     "order_entries",
     "read_image_index",
+    "stated_platform",
     "write_image_index",
 ]
 
@@ -168,3 +169,14 @@ def _baseline_entry(
     # No variant runs on the baseline host: the least demanding one, last on the host
     # that supports every variant.
     return entries[-1]
+
+
+def stated_platform(data: object) -> Platform | None:
+    """The platform an image config or an index descriptor's ``platform`` states (``os``,
+    ``architecture``, ``variant``), if it states a usable one."""
+    if not isinstance(data, dict):
+        return None
+    os_name, arch, variant = (data.get(k) for k in ("os", "architecture", "variant"))
+    if not isinstance(os_name, str) or not isinstance(arch, str) or not os_name or not arch:
+        return None
+    return Platform.of(os_name, arch, variant if isinstance(variant, str) else "")

@@ -12,7 +12,17 @@ import re
 from dataclasses import dataclass, replace
 
 from docker_variant.errors import InvalidInputError
-from docker_variant.ocinames import digest_problem, tag_problem
+from docker_variant.oci.grammar import (
+    DIGEST_MAX,
+    NAME_MAX,
+    NAME_RULE,
+    TAG_MAX,
+    digest_problem,
+    domain_problem,
+    name_problem,
+    registry_problem,
+    tag_problem,
+)
 
 __all__ = [
     "DOCKER_HUB",
@@ -28,16 +38,10 @@ __all__ = [
 DOCKER_HUB = "docker.io"
 _HUB_ALIASES = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
 _HUB_API = "https://registry-1.docker.io"
-_NAME_MAX = 255  # distribution's NameTotalLengthMax
-
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|[-]*)[a-z0-9]+)*"
-_PATH_RE = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
-_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_DOMAIN_RE = re.compile(
-    rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
-)
-
-_PATH_RULE = "lowercase components [a-z0-9]+(?:(?:[._]|__|[-]*)[a-z0-9]+)* separated by '/'"
+# No valid reference is longer: a name of NAME_MAX (given through a longer Hub alias), a tag
+# and a digest. Refused before anything else looks at the text.
+REFERENCE_MAX = 2 * NAME_MAX + TAG_MAX + DIGEST_MAX
+_IMAGE_ID_RE = re.compile(r"[a-f0-9]{64}")
 
 
 def _bad(text: str, why: str) -> InvalidInputError:
@@ -86,9 +90,14 @@ def parse_reference(text: str) -> Reference:
     """Parse ``[registry/]repository[:tag][@digest]``; raises ``InvalidInputError``."""
     if not text:
         raise _bad(text, "empty reference")
+    if len(text) > REFERENCE_MAX:
+        raise InvalidInputError(
+            f"invalid image reference {text[:80]!r}...: {len(text)} characters, longer than "
+            f"any reference ({REFERENCE_MAX})"
+        )
     if text != text.strip() or any(c.isspace() for c in text):
         raise _bad(text, "whitespace is not allowed")
-    if re.fullmatch(r"[a-f0-9]{64}", text):
+    if _IMAGE_ID_RE.fullmatch(text):
         raise _bad(text, "a 64-character hex string is an image ID, not a repository name")
 
     rest, at, digest = text.partition("@")
@@ -104,12 +113,10 @@ def parse_reference(text: str) -> Reference:
     registry, path = _split_registry(rest, text)
     if not path:
         raise _bad(text, "missing repository name")
-    if path != path.lower():
-        raise _bad(text, f"repository name {path!r} must be lowercase")
-    if not _PATH_RE.fullmatch(path):
-        raise _bad(text, f"repository name {path!r} must be {_PATH_RULE}")
-    if len(f"{registry}/{path}") > _NAME_MAX:
-        raise _bad(text, f"name is longer than {_NAME_MAX} characters")
+    if len(f"{registry}/{path}") > NAME_MAX:
+        raise _bad(text, f"name is longer than {NAME_MAX} characters")
+    if problem := name_problem(path):
+        raise _bad(text, problem)
     return Reference(registry, path, tag, digest if at else None)
 
 
@@ -121,11 +128,8 @@ def _split_registry(name: str, text: str) -> tuple[str, str]:
     ):
         registry, path = DOCKER_HUB, name
     else:
-        if not _DOMAIN_RE.fullmatch(first):
-            raise _bad(text, f"registry {first!r} is not a valid host[:port]")
-        port = first.rpartition("]")[2].rpartition(":")[2] if ":" in first else ""
-        if port and not 1 <= int(port) <= 65535:
-            raise _bad(text, f"registry {first!r}: port {port} is not 1-65535")
+        if problem := domain_problem(first):
+            raise _bad(text, problem)
         registry, path = first, remainder
     if registry in _HUB_ALIASES:
         registry = DOCKER_HUB
@@ -136,8 +140,11 @@ def _split_registry(name: str, text: str) -> tuple[str, str]:
 
 def check_repository(repository: str) -> None:
     """Reject a repository path that is not Docker's grammar before it goes into a URL."""
-    if not _PATH_RE.fullmatch(repository) or len(repository) > _NAME_MAX:
-        raise InvalidInputError(f"invalid repository name {repository!r}: must be {_PATH_RULE}")
+    if name_problem(repository):
+        shown = repository if len(repository) <= NAME_MAX else repository[:NAME_MAX] + "..."
+        raise InvalidInputError(
+            f"invalid repository name {shown!r}: must be {NAME_RULE}, at most {NAME_MAX} characters"
+        )
 
 
 def check_manifest_reference(reference: str) -> None:
@@ -158,29 +165,10 @@ def _check_digest(digest: str, text: str) -> None:
         raise _bad(text, problem)
 
 
-_REGISTRY_RE = re.compile(
-    r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.-]+))(?::(?P<port>[0-9]+))?"
-)
-_HOST_LABEL_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-_REGISTRY_RULE = "host[:port] (a DNS name, an IPv4 address or an [IPv6] address; port 1-65535)"
-
-
 def check_registry(registry: str) -> str:
     """``host[:port]`` as image references name a registry; the hosts directory's name."""
-    match = _REGISTRY_RE.fullmatch(registry)
-    valid = match is not None
-    if match is not None and match["ipv6"] is not None:
-        try:
-            ipaddress.IPv6Address(match["ipv6"])
-        except ValueError:
-            valid = False
-    elif match is not None:
-        host = match["host"]
-        valid = len(host) <= 253 and all(_HOST_LABEL_RE.fullmatch(p) for p in host.split("."))
-    if valid and match is not None and match["port"] is not None:
-        valid = 1 <= int(match["port"]) <= 65535
-    if not valid:
-        raise InvalidInputError(f"registry {registry!r} is not {_REGISTRY_RULE}")
+    if problem := registry_problem(registry):
+        raise InvalidInputError(problem)
     return registry
 
 

@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from docker_variant.oci.client import Manifest, RegistryClient, config_labels, stated_platform
+from docker_variant.oci.client import Manifest, RegistryClient, config_labels
 from docker_variant.oci.errors import BadUpstreamResponseError, NotFoundError
-from docker_variant.oci.imageindex import IndexEntry, read_image_index
+from docker_variant.oci.imageindex import IndexEntry, read_image_index, stated_platform
 from docker_variant.variant.index import ImageRecord, VariantIndex, build_index
 
 __all__ = [

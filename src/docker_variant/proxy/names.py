@@ -15,26 +15,24 @@ from enum import StrEnum
 from functools import lru_cache
 from urllib.parse import unquote
 
-__all__ = [
-    "NAME_RULE",
-    "PathError",
-    "Route",
-    "RouteKind",
-    "check_name",
-    "is_digest",
-    "parse_v2_path",
-]
+from docker_variant.oci.grammar import (
+    DIGEST_MAX,
+    NAME_MAX,
+    NAME_RULE,
+    TAG_RULE,
+    digest_problem,
+    is_digest,
+    name_problem,
+    tag_problem,
+)
 
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|[-]*)[a-z0-9]+)*"
-_NAME_RE = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
-_NAME_MAX = 255  # distribution's NameTotalLengthMax
-NAME_RULE = "lowercase components [a-z0-9]+(?:(?:[._]|__|[-]*)[a-z0-9]+)* joined by '/'"
+__all__ = ["PathError", "Route", "RouteKind", "check_name", "parse_v2_path"]
 
-_TAG_RULE = r"[\w][\w.-]{0,127}"
-_TAG_RE = re.compile(_TAG_RULE, re.ASCII)
-_DIGEST_RE = re.compile(r"[a-z0-9]+(?:[+._-][a-z0-9]+)*:[a-zA-Z0-9=_-]+")
 # Upload session ids are opaque: distribution uses UUIDs, others base64url; no '%' or '/'.
-_UPLOAD_ID_RE = re.compile(r"[A-Za-z0-9_=-][A-Za-z0-9._=~-]{0,511}")
+_UPLOAD_ID_RE = re.compile(r"[A-Za-z0-9_=-][A-Za-z0-9._=~-]{0,511}+")
+# No valid route is longer (a name, a route word and a digest or an upload id): a longer
+# path is refused on its length before any pattern looks at it.
+_PATH_MAX = len("/v2/") + NAME_MAX + len("/blobs/uploads/") + DIGEST_MAX
 
 
 class RouteKind(StrEnum):
@@ -108,16 +106,14 @@ _ROUTES: list[tuple[re.Pattern[str], RouteKind]] = [
 
 
 def check_name(name: str) -> None:
-    if not name or not _NAME_RE.fullmatch(name) or len(name) > _NAME_MAX:
+    if name_problem(name):
+        shown = name if len(name) <= NAME_MAX else name[:NAME_MAX] + "..."
         raise PathError(
             "NAME_INVALID",
-            f"invalid repository name {name!r}: must be {NAME_RULE}, at most {_NAME_MAX} characters",
-            name,
+            f"invalid repository name {shown!r}: must be {NAME_RULE}, at most {NAME_MAX} "
+            "characters",
+            shown,
         )
-
-
-def is_digest(reference: str) -> bool:
-    return ":" in reference
 
 
 def _check_reference(kind: RouteKind, ref: str) -> None:
@@ -128,19 +124,17 @@ def _check_reference(kind: RouteKind, ref: str) -> None:
     if kind in (RouteKind.BLOB, RouteKind.REFERRERS) or (
         kind is RouteKind.MANIFEST and is_digest(ref)
     ):
-        if not _DIGEST_RE.fullmatch(ref):
-            raise PathError(
-                "DIGEST_INVALID", f"invalid digest {ref!r}: must be algorithm:encoded", ref
-            )
+        if problem := digest_problem(ref, strict=False):
+            raise PathError("DIGEST_INVALID", f"invalid digest: {problem}", ref)
         return
-    if kind is RouteKind.MANIFEST and not _TAG_RE.fullmatch(ref):
+    if kind is RouteKind.MANIFEST and tag_problem(ref):
         # As the registry answers: no manifest has that name (the conformance suite asks
         # for ".INVALID_MANIFEST_NAME"). Traversal never reaches here (refused above).
         raise PathError(
-            "MANIFEST_UNKNOWN", f"manifest unknown: {ref!r} is not a tag ({_TAG_RULE})", ref, 404
+            "MANIFEST_UNKNOWN", f"manifest unknown: {ref!r} is not a tag ({TAG_RULE})", ref, 404
         )
-    if kind is RouteKind.VARIANTS and not _TAG_RE.fullmatch(ref):
-        raise PathError("TAG_INVALID", f"invalid version {ref!r}: must match {_TAG_RULE}", ref)
+    if kind is RouteKind.VARIANTS and tag_problem(ref):
+        raise PathError("TAG_INVALID", f"invalid version {ref!r}: must match {TAG_RULE}", ref)
 
 
 # Pulls ask for the same manifests and blobs over and over; a parse costs some 7 us of
@@ -155,6 +149,13 @@ def parse_v2_path(raw_path: str) -> Route:
         return Route(RouteKind.BASE)
     if not raw_path.startswith("/v2/"):
         return Route(RouteKind.OTHER)
+    if len(raw_path) > _PATH_MAX:
+        raise PathError(
+            "NAME_INVALID",
+            f"request path of {len(raw_path)} characters is longer than any distribution "
+            f"route ({_PATH_MAX}); a repository name is at most {NAME_MAX}",
+            raw_path[:NAME_MAX] + "...",
+        )
     decoded = unquote(raw_path)
     # Path traversal, raw or encoded: refused before any routing, whatever the route.
     for text in (raw_path, decoded):

@@ -30,10 +30,11 @@ from docker_variant.oci.errors import (
     RegistryAuthError,
     UpstreamUnavailableError,
 )
+from docker_variant.oci.grammar import is_digest
 from docker_variant.oci.scan import read_version
 from docker_variant.proxy.cache import CachedIndex, IndexStore, Key
 from docker_variant.proxy.metrics import ProxyMetrics
-from docker_variant.proxy.names import Route, RouteKind, is_digest
+from docker_variant.proxy.names import Route, RouteKind
 from docker_variant.proxy.passthrough import BorrowedTransport, Upstream, proxy_base_url
 from docker_variant.proxy.responses import failure_response
 from docker_variant.server.errors import JSON, error_kind, oci_error

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from docker_variant.errors import InvalidInputError, one_line
-from docker_variant.ocinames import digest_problem, tag_problem
+from docker_variant.oci.grammar import digest_problem, tag_problem
 from docker_variant.variant.labels import LABEL_KEY, LABEL_PREFIX, read_labels
 from docker_variant.variant.model import Variant, check_namespace
 from docker_variant.variant.ordering import complete_namespace_order, merge_namespace_orders
