@@ -1,10 +1,12 @@
-"""Run ``variant-proxy`` in a background thread of the test process (uvicorn, real sockets)."""
+"""Run ``variant-proxy`` in a background thread of the test process (uvicorn, real sockets),
+and wait for what a test cannot be told about (another process, a server's state)."""
 
 from __future__ import annotations
 
 import socket
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -15,6 +17,17 @@ from docker_variant.proxy.__main__ import server_config
 from docker_variant.proxy.metrics import ProxyMetrics
 
 _START_TIMEOUT_S = 15.0
+_POLL_S = 0.01
+
+
+def eventually(check: Callable[[], bool], seconds: float, what: str) -> None:
+    """Poll ``check`` until it holds; fail naming ``what`` once ``seconds`` have passed
+    (a deadline on an outside event, not a measured duration)."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not seen within {seconds} s: {what}")
+        time.sleep(_POLL_S)
 
 
 class ProxyServer:
@@ -39,11 +52,13 @@ class ProxyServer:
 
     def start(self) -> ProxyServer:
         self._thread.start()
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("variant-proxy did not start")
-            time.sleep(0.01)
+        eventually(
+            lambda: self.server.started or not self._thread.is_alive(),
+            _START_TIMEOUT_S,
+            "variant-proxy started",
+        )
+        if not self.server.started:
+            raise RuntimeError("variant-proxy did not start")
         return self
 
     def stop(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -17,6 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from docker_variant.errors import InvalidInputError, one_line
 from docker_variant.jsondoc import load_json
+from docker_variant.oci.grammar import name_problem
 from docker_variant.proxy.blobrelay import RELAY_MODES
 from docker_variant.proxy.cache import open_store
 from docker_variant.proxy.metrics import CONTENT_TYPE_LATEST, ROUTE_KIND, AccessLog, ProxyMetrics
@@ -30,6 +32,8 @@ from docker_variant.proxy.variants import (
 from docker_variant.server.auth import bearer_token
 from docker_variant.server.bodies import BodyTooLargeError, read_body
 from docker_variant.server.errors import oci_error
+
+_log = logging.getLogger("docker_variant.proxy")
 
 __all__ = ["DEFAULT_CACHE_TTL", "DEFAULT_UPSTREAM_TIMEOUT", "check_upstream_url", "create_app"]
 
@@ -126,18 +130,21 @@ def create_app(
         return await _handle(service(), request, route)
 
     async def healthz(request: Request) -> Response:
+        """``ok``; with ``?upstream=1`` also whether the upstream answers. Anyone may ask, so
+        the answer never names the upstream (its address and errors go to the log)."""
         if request.query_params.get("upstream") not in ("1", "true", "yes"):
             return PlainTextResponse("ok")
         upstream = service().upstream
         started = time.perf_counter()
-        report: dict[str, object] = {"url": upstream.base_url}
+        report: dict[str, object]
         try:
             probe = await upstream.probe()
         except (httpx.HTTPError, TimeoutError) as exc:
-            report |= {"reachable": False, "error": one_line(f"{type(exc).__name__}: {exc}")}
+            _log.warning("health probe of %s failed: %s", upstream.base_url, one_line(str(exc)))
+            report = {"reachable": False, "error": type(exc).__name__}
         else:
             # 401 is a healthy registry asking for credentials
-            report |= {"reachable": probe.status_code in (200, 401), "status": probe.status_code}
+            report = {"reachable": probe.status_code in (200, 401), "status": probe.status_code}
         report["latency_ms"] = round((time.perf_counter() - started) * 1000, 2)
         ok = bool(report["reachable"])
         return JSONResponse(
@@ -167,16 +174,10 @@ def create_app(
             return oci_error(413, "SIZE_INVALID", str(exc))
         except InvalidInputError as exc:
             return oci_error(400, "UNSUPPORTED", str(exc))
-        events = envelope.get("events") if isinstance(envelope, dict) else None
-        if not isinstance(events, list):
-            return oci_error(400, "UNSUPPORTED", 'a notification is {"events": [...]}')
-        names = set()
-        for event in events:
-            target = event.get("target") if isinstance(event, dict) else None
-            if event.get("action") in ("push", "delete") and isinstance(target, dict):
-                name = target.get("repository")
-                if isinstance(name, str) and name:
-                    names.add(name)
+        try:
+            names = _notified_repositories(envelope)
+        except InvalidInputError as exc:
+            return oci_error(400, "UNSUPPORTED", str(exc))
         for name in sorted(names):
             await service().invalidate(name)
         return JSONResponse({"invalidated": sorted(names)})
@@ -245,6 +246,33 @@ class ReadPassThrough:
         ):
             return None  # transparent resolution
         return route
+
+
+_NOTIFY_SHAPE = 'a notification is {"events": [{"action": "push", "target": {"repository": ...}}]}'
+
+
+def _notified_repositories(envelope: object) -> set[str]:
+    """The repositories that distribution's notification envelope says were pushed to or
+    deleted from; other actions are ignored, and any other shape is refused."""
+    events = envelope.get("events") if isinstance(envelope, dict) else None
+    if not isinstance(events, list):
+        raise InvalidInputError(f"no events list: {_NOTIFY_SHAPE}")
+    names = set()
+    for number, event in enumerate(events):
+        if not isinstance(event, dict) or not isinstance(event.get("action"), str):
+            raise InvalidInputError(
+                f"event {number} is not an object with an action: {_NOTIFY_SHAPE}"
+            )
+        if event["action"] not in ("push", "delete"):
+            continue
+        target = event.get("target")
+        name = target.get("repository") if isinstance(target, dict) else None
+        if not isinstance(name, str) or name_problem(name) is not None:
+            raise InvalidInputError(
+                f"{event['action']} event {number} has no valid target repository: {_NOTIFY_SHAPE}"
+            )
+        names.add(name)
+    return names
 
 
 async def _handle(service: VariantService, request: Request, route: Route) -> Response:

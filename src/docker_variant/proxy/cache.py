@@ -10,13 +10,21 @@ The interface holds what replicas must agree on:
 - invalidations, announced to every replica (``subscribe``).
 
 ``RedisIndexStore`` degrades to its local store when Redis is down: callers keep being served
-(each replica scanning for itself), a warning is logged, and it goes back to Redis once Redis
-answers again.
+(each replica scanning for itself), a warning is logged, and it goes back to Redis once a
+background probe finds Redis answering again. Across an outage it guarantees:
+- an invalidation this replica saw while Redis was away is republished (generation bumped,
+  shared entries deleted, every replica told) before this replica reads Redis again;
+- a repository's generation never goes backwards in a replica: a replica that knows a newer
+  generation than Redis (Redis restarted empty, say) raises Redis's to it and distrusts the
+  shared entries until then, and one that finds Redis ahead drops what it holds locally;
+- a replica never replaces an index it scanned itself while Redis was away with an older
+  shared one (entries carry the wall-clock time of their scan).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -25,6 +33,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from docker_variant.errors import InvalidInputError
+from docker_variant.jsondoc import load_json
 from docker_variant.variant import VariantIndex
 
 __all__ = ["CachedIndex", "IndexStore", "Key", "LocalIndexStore", "RedisIndexStore", "open_store"]
@@ -41,6 +51,7 @@ class CachedIndex:
     body: bytes  # json.dumps(index.to_json(), sort_keys=True), encoded once
     expires: float
     anonymous: bool = False  # scanned without credentials: any anonymous caller may see it
+    scanned_at: float = 0.0  # wall-clock time of the scan (time.time()), comparable across replicas
 
 
 class IndexStore(Protocol):
@@ -95,8 +106,22 @@ class LocalIndexStore:
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
 
+    def known(self, name: str) -> int:
+        """The repository's generation as this process knows it."""
+        return self._generations.get(name, 0)
+
     def forget(self, name: str) -> None:
-        self._generations[name] = self._generations.get(name, 0) + 1
+        """An invalidation: the next generation, and the repository's entries dropped."""
+        self.observe(name, self.known(name) + 1)
+
+    def observe(self, name: str, generation: int) -> None:
+        """Another store says the repository is at ``generation``: never go backwards, and
+        drop the entries of an older one."""
+        if generation > self.known(name):
+            self._generations[name] = generation
+            self.drop(name)
+
+    def drop(self, name: str) -> None:
         for key in [k for k in self._entries if k[0] == name]:
             del self._entries[key]
 
@@ -125,18 +150,48 @@ _PREFIX = "variant-proxy"
 _CHANNEL = f"{_PREFIX}:invalidate"
 # SET the entry only while the repository's generation is the one the scan started under.
 _PUT_IF_CURRENT = """
-if (redis.call('GET', KEYS[1]) or '0') == ARGV[1] then
+if tonumber(redis.call('GET', KEYS[1]) or '0') == tonumber(ARGV[1]) then
   redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
   redis.call('SADD', KEYS[3], KEYS[2])
   redis.call('PEXPIRE', KEYS[3], ARGV[3])
 end
 """
-_RETRY_AFTER = 5.0  # seconds between attempts to go back to Redis after it failed
+# Move the repository's generation to max(current + step, at_least); when it moved, delete the
+# repository's entries and tell every replica "NAME GENERATION". Returns the generation.
+# step 1 is an invalidation; step 0 only raises a generation Redis lost (a restart).
+_ADVANCE = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+local generation = math.max(current + tonumber(ARGV[1]), tonumber(ARGV[2]))
+if generation ~= current then
+  redis.call('SET', KEYS[1], string.format('%d', generation))
+  for _, key in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+    redis.call('DEL', key)
+  end
+  redis.call('DEL', KEYS[2])
+  redis.call('PUBLISH', ARGV[3], ARGV[4] .. ' ' .. string.format('%d', generation))
+end
+return generation
+"""
+_PROBE_INTERVAL = 0.1  # seconds between looks for Redis while it is down
 _REDIS_CONNECTIONS = 32
+_MAX_GENERATION_DIGITS = 19  # an int64 counter; anything longer in Redis is not ours
+
+
+def _generation_value(raw: object) -> int | None:
+    """A generation as Redis holds it (bytes of digits; nothing is 0); None: not ours."""
+    if raw is None:
+        return 0
+    if isinstance(raw, bytes | str) and 0 < len(raw) <= _MAX_GENERATION_DIGITS and raw.isdigit():
+        return int(raw)
+    return None
 
 
 class RedisIndexStore:
-    """Indexes in Redis, shared by every replica; the local store while Redis is down."""
+    """Indexes in Redis, shared by every replica; the local store while Redis is down.
+
+    ``url`` is redis-py's: ``redis://[[USER]:PASSWORD@]HOST:PORT/DB``, ``rediss://`` for
+    TLS (the system's trust store), ``unix://PATH``. Redis is inside the proxy's trust
+    boundary: whoever can write to it decides what every replica serves."""
 
     def __init__(self, url: str, ttl: float, *, client: Any = None) -> None:
         import redis.asyncio as aioredis
@@ -155,9 +210,11 @@ class RedisIndexStore:
         self._redis = client or aioredis.Redis(connection_pool=pool)
         self._local = LocalIndexStore(ttl)
         self._listeners: list[Listener] = []
-        self._down_since: float | None = None
-        self._subscriber: asyncio.Task[None] | None = None
+        self._down = False
+        self._unannounced: set[str] = set()  # invalidated while Redis was away
+        self._tasks: set[asyncio.Task[None]] = set()
         self._put = self._redis.register_script(_PUT_IF_CURRENT)
+        self._advance = self._redis.register_script(_ADVANCE)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -165,25 +222,71 @@ class RedisIndexStore:
         """``op()`` on Redis; on failure (or while it is known down) ``fallback``."""
         import redis.exceptions
 
-        now = time.monotonic()
-        if self._down_since is not None and now - self._down_since < _RETRY_AFTER:
+        if self._down:
             return fallback
         try:
-            result = await op()
+            return await op()
         except (redis.exceptions.RedisError, OSError) as exc:
-            if self._down_since is None:
-                _log.warning(
-                    "Redis at %s failed (%s: %s); serving from the local cache until it is back",
-                    self._safe_url(),
-                    what,
-                    exc,
-                )
-            self._down_since = now
+            self._went_down(what, exc)
             return fallback
-        if self._down_since is not None:
+
+    def _went_down(self, what: str, exc: BaseException) -> None:
+        if self._down:
+            return
+        _log.warning(
+            "Redis at %s failed (%s: %s); serving from the local cache until it is back",
+            self._safe_url(),
+            what,
+            exc,
+        )
+        self._down = True
+        self._spawn(self._heal())
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _heal(self) -> None:
+        """While Redis is down: probe it; once it answers, republish what was invalidated
+        meanwhile, and only then read and write Redis again."""
+        while True:
+            await asyncio.sleep(_PROBE_INTERVAL)
+            try:
+                await self._redis.ping()
+                while self._unannounced:
+                    name = next(iter(self._unannounced))
+                    await self._announce(name, step=1, at_least=self._local.known(name))
+                    self._unannounced.discard(name)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # still down (or failed again): look again soon
+                continue
+            self._down = False  # no await since the last look at _unannounced
             _log.warning("Redis at %s is back; the cache is shared again", self._safe_url())
-            self._down_since = None
-        return result
+            return
+
+    async def _announce(self, name: str, *, step: int, at_least: int) -> int:
+        """Advance the repository's generation in Redis (see ``_ADVANCE``) and here."""
+        keys = [self._generation_key(name), f"{_PREFIX}:keys:{name}"]
+        generation = int(await self._advance(keys=keys, args=[step, at_least, _CHANNEL, name]))
+        self._local.observe(name, generation)
+        return generation
+
+    async def _agree(self, name: str, shared: int | None) -> bool:
+        """Reconcile Redis's generation of ``name`` (``None``: unreadable) with this replica's;
+        True when Redis's entries of ``name`` may be trusted."""
+        known = self._local.known(name)
+        if shared is not None and shared >= known:
+            self._local.observe(name, shared)
+            return True
+        # Redis is behind what this replica saw (it restarted empty, or lost a write):
+        # raise it, which also deletes the entries stored under the older generation.
+        at_least = known + 1 if shared is None else known
+        await self._call(
+            "generation", lambda: self._announce(name, step=0, at_least=at_least), None
+        )
+        return False
 
     def _safe_url(self) -> str:
         scheme, sep, rest = self.url.partition("://")
@@ -197,34 +300,62 @@ class RedisIndexStore:
     def _generation_key(name: str) -> str:
         return f"{_PREFIX}:generation:{name}"
 
+    def _decode(self, raw: object) -> CachedIndex | None:
+        if not isinstance(raw, bytes | str):
+            return None
+        try:
+            stored = load_json(raw, "cached index")
+            body = stored["body"].encode()
+            index = VariantIndex.from_json(load_json(body, "cached index"), "cached index")
+            scanned_at = float(stored.get("scanned_at", 0.0))
+        except (ValueError, KeyError, TypeError, AttributeError, InvalidInputError):
+            return None  # not ours, or corrupt: scan again rather than serve it
+        return CachedIndex(
+            index,
+            body,
+            time.monotonic() + self.ttl,
+            bool(stored.get("anonymous")),
+            scanned_at,
+        )
+
     # ------------------------------------------------------------------ the interface
 
     async def get(self, key: Key) -> CachedIndex | None:
-        raw = await self._call("get", lambda: self._redis.get(self._entry_key(key)), False)
-        if raw is False:
+        name = key[0]
+        found = await self._call(
+            "get",
+            lambda: self._redis.mget(self._entry_key(key), self._generation_key(name)),
+            None,
+        )
+        if found is None:
             return await self._local.get(key)
-        if raw is None:
-            return None
-        try:
-            stored = json.loads(raw)
-            body = stored["body"].encode()
-            index = VariantIndex.from_json(json.loads(body), "cached index")
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return None  # not ours, or corrupt: scan again rather than serve it
-        return CachedIndex(index, body, time.monotonic() + self.ttl, bool(stored.get("anonymous")))
+        raw, generation = found
+        trusted = await self._agree(name, _generation_value(generation))
+        shared = self._decode(raw) if trusted else None
+        # What this replica scanned while Redis was away, unless Redis has a newer scan.
+        own = await self._local.get(key)
+        if own is not None and (shared is None or own.scanned_at >= shared.scanned_at):
+            return own
+        return shared
 
     async def generation(self, name: str) -> int:
         value = await self._call(
             "generation", lambda: self._redis.get(self._generation_key(name)), False
         )
-        if value is False:
-            return await self._local.generation(name)
-        return int(value or 0)
+        if value is not False:
+            await self._agree(name, _generation_value(value))
+        return self._local.known(name)
 
     async def put(self, key: Key, entry: CachedIndex, generation: int) -> None:
         if self.ttl <= 0:
             return
-        payload = json.dumps({"body": entry.body.decode(), "anonymous": entry.anonymous})
+        payload = json.dumps(
+            {
+                "body": entry.body.decode(),
+                "anonymous": entry.anonymous,
+                "scanned_at": entry.scanned_at,
+            }
+        )
         keys = [self._generation_key(key[0]), self._entry_key(key), f"{_PREFIX}:keys:{key[0]}"]
         args = [str(generation), payload, str(max(1, int(self.ttl * 1000)))]
         done = await self._call("put", lambda: self._put(keys=keys, args=args), False)
@@ -232,21 +363,15 @@ class RedisIndexStore:
             await self._local.put(key, entry, generation)
 
     async def invalidate(self, name: str) -> None:
-        self._local.forget(name)
-
-        async def announce() -> bool:
-            members_key = f"{_PREFIX}:keys:{name}"
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.incr(self._generation_key(name))
-                pipe.smembers(members_key)
-                _, members = await pipe.execute()
-            if members:
-                await self._redis.delete(*members, members_key)
-            await self._redis.publish(_CHANNEL, name)
-            return True
-
-        if await self._call("invalidate", announce, False) is False:
-            for listener in self._listeners:  # no Redis: at least this replica knows
+        at_least = self._local.known(name) + 1
+        announced = await self._call(
+            "invalidate", lambda: self._announce(name, step=1, at_least=at_least), None
+        )
+        if announced is None:
+            # No Redis: this replica knows now, every replica once Redis is back (_heal).
+            self._local.forget(name)
+            self._unannounced.add(name)
+            for listener in self._listeners:
                 listener(name)
 
     async def claim(self, key: Key, seconds: float) -> bool:
@@ -263,32 +388,43 @@ class RedisIndexStore:
         self._listeners.append(listener)
 
     async def start(self) -> None:
-        self._subscriber = asyncio.ensure_future(self._listen())
+        self._spawn(self._listen())
+
+    def _heard(self, data: object) -> None:
+        """One invalidation message: ``NAME GENERATION`` (or a bare ``NAME``)."""
+        text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+        name, _, generation = text.partition(" ")
+        value = _generation_value(generation.encode()) if generation else None
+        if value:
+            self._local.observe(name, value)
+        else:
+            self._local.drop(name)
+        for listener in self._listeners:
+            listener(name)
 
     async def _listen(self) -> None:
         """Invalidations from every replica (this one's too), for as long as the proxy runs;
-        reconnects after Redis failures."""
+        reconnects after Redis failures (a message missed meanwhile is caught up by the
+        generation that every read compares)."""
         while True:
+            pubsub = self._redis.pubsub()
             try:
-                pubsub = self._redis.pubsub()
                 await pubsub.subscribe(_CHANNEL)
                 async for message in pubsub.listen():
-                    if message.get("type") != "message":
-                        continue
-                    data = message.get("data")
-                    name = data.decode() if isinstance(data, bytes) else str(data)
-                    self._local.forget(name)
-                    for listener in self._listeners:
-                        listener(name)
+                    if message.get("type") == "message":
+                        self._heard(message.get("data"))
             except asyncio.CancelledError:
                 raise
             except Exception:  # Redis down: the local store serves; try again soon
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(_PROBE_INTERVAL)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
 
     async def close(self) -> None:
-        if self._subscriber is not None:
-            self._subscriber.cancel()
-            await asyncio.gather(self._subscriber, return_exceptions=True)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._redis.aclose()
 
 
@@ -296,8 +432,6 @@ def open_store(url: str | None, ttl: float) -> IndexStore:
     """``None``: this process's cache; ``redis://...`` (or ``rediss://``): a shared one."""
     if url is None:
         return LocalIndexStore(ttl)
-    from docker_variant.errors import InvalidInputError
-
     if not url.startswith(("redis://", "rediss://", "unix://")):
         raise InvalidInputError(f"--cache {url!r}: expected redis://HOST:PORT[/DB]")
     return RedisIndexStore(url, ttl)

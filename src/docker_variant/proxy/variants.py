@@ -214,7 +214,9 @@ class VariantService:
         ):
             index = await read_version(client, name, version)
         body = json.dumps(index.to_json(), sort_keys=True).encode()
-        entry = CachedIndex(index, body, time.monotonic() + self.cache.ttl, authorization is None)
+        entry = CachedIndex(
+            index, body, time.monotonic() + self.cache.ttl, authorization is None, time.time()
+        )
         await self.cache.put((name, version), entry, generation)
         return entry
 
