@@ -130,7 +130,8 @@ def _push(url: str, layer: Path) -> str:
 
 def _cli_rounds(layer: Path, rounds: int) -> list[float]:
     """Whole ``docker-variant inspect --json`` processes against a loopback registry."""
-    from docker_variant import devstack
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "devtools"))
+    import devstack
 
     with tempfile.TemporaryDirectory(prefix="bench-inspect-reg-") as name:
         registry = devstack.start_registry(Path(name))

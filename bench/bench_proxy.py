@@ -26,7 +26,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from docker_variant import devstack
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "devtools"))
+import devstack
 from docker_variant.oci.client import RegistryClient
 from docker_variant.oci.scan import scan_index
 from imaging import OCI_MANIFEST, push_blob, push_manifest, raw_manifest

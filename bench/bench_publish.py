@@ -23,8 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "devtools"))
+import devstack
 from bench_proxy import push_variants
-from docker_variant import devstack
 from docker_variant.oci.client import RegistryClient
 from docker_variant.oci.scan import read_version
 

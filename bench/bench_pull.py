@@ -27,7 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import docker_variant
-from docker_variant import devstack
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "devtools"))
+import devstack
 from docker_variant.providers.nvidia import nvidia_features
 
 FIXED_COST_AIM_MS = 150.0

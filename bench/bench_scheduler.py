@@ -46,7 +46,9 @@ from sqlalchemy import insert
 from variantlib.resolver import lib as resolver_lib
 
 from baseline import variantlib_order
-from docker_variant import devstack
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "devtools"))
+import devstack
 from docker_variant.providers.nvidia import nvidia_features
 from docker_variant.scheduler import Store
 from docker_variant.scheduler.documents import AgentReport, PlacementRequest

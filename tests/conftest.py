@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from docker_variant import devstack
+import devstack
 from fakeupstream import FakeUpstream
 from imaging import ImageBuilder
 

@@ -18,8 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
+import devstack
 from conftest import RunningRegistry
-from docker_variant import __version__, devstack
+from docker_variant import __version__
 from imaging import ImageBuilder, variant_labels
 from test_cli_offline import H200, INDEX
 
@@ -60,7 +61,8 @@ _NOT_FOR_RESOLVE = (
     "docker_variant.publish",
     "docker_variant.proxy",
     "docker_variant.docker",
-    "docker_variant.oci",  # and with it httpx
+    "docker_variant.oci.client",  # the registry client, and with it httpx
+    "docker_variant.oci.source",
     "httpx",
     "ssl",
 )

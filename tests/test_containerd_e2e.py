@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+import devstack
 from conftest import RunningRegistry
-from docker_variant import devstack
 from docker_variant.providers.nvidia import nvidia_features
 from imaging import ImageBuilder, variant_labels
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from docker_variant import devstack
+import devstack
 from docker_variant.providers.nvidia import nvidia_features
 
 pytestmark = pytest.mark.e2e

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from docker_variant import devstack
+import devstack
 from imaging import OCI_MANIFEST, push_blob, push_manifest, raw_manifest
 from realbinaries import (
     CURAND_CUBINS,

@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+import devstack
 from conftest import RunningRegistry
-from docker_variant import devstack
 from imaging import OCI_MANIFEST, push_blob, push_manifest, raw_manifest
 
 pytestmark = pytest.mark.e2e

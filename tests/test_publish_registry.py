@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+import devstack
 from conftest import RunningRegistry, start_registry
-from docker_variant import devstack
 from docker_variant.oci.client import MANIFEST_ACCEPT, RegistryClient
 from docker_variant.oci.scan import read_version, scan_index
 from docker_variant.providers.nvidia import nvidia_features

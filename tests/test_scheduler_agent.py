@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from docker_variant import devstack
+import devstack
 from docker_variant.agent.client import check_scheduler_url
 from docker_variant.agent.health import nvml_health
 from docker_variant.agent.inputs import read_agent_providers_file

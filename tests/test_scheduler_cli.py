@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from docker_variant import devstack
+import devstack
 from docker_variant.scheduler.__main__ import main
 from test_scheduler_support import H200_R570, INDEX, agent_body, free_port
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from docker_variant import devstack
+import devstack
 from docker_variant.scheduler.tokens import load_tokens
 from fakeupstream import FakeUpstream
 from test_scheduler_api import client_for, open_store

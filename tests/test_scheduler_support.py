@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from docker_variant.devstack import free_port
+from devstack import free_port
 from docker_variant.providers.nvidia import nvidia_features
 from docker_variant.scheduler import Store, create_app
 from docker_variant.scheduler.app import IndexFetcher

@@ -10,11 +10,11 @@ import json
 import subprocess
 from pathlib import Path
 
-from docker_variant import devstack
+import devstack
 from docker_variant.providers.nvidia import nvidia_features
 
 #: The example matrix and its build context (``examples/demo`` in the repository).
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "demo"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "demo"
 APP = "demo/app"
 VERSION = "1.0.0"
 # The variant labels examples/demo/variants.toml builds, besides the bare image.
