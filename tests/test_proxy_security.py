@@ -16,6 +16,7 @@ import devstack
 from conftest import start_registry
 from fakeupstream import FakeUpstream, Reply
 from imaging import ImageBuilder, variant_labels
+from proxyrunner import ProxyServer
 
 pytestmark = pytest.mark.e2e
 
@@ -103,9 +104,14 @@ def test_upstream_addresses_never_reach_callers(
                 httpx.get(f"{proxy.url}/v2/g/app/manifests/1.0"),
                 httpx.get(f"{proxy.url}/v2/g/app/blobs/sha256:{'a' * 64}"),
             ]
+            health = httpx.get(f"{proxy.url}/healthz?upstream=1")
         finally:
             proxy.stop()
         host = upstream.removeprefix("http://")
+        # the health probe answers anyone: whether the upstream answers, never where it is
+        assert health.status_code == 503, health.text  # the fake has no /v2/ (404)
+        assert host not in health.text and str(host.rsplit(":", 1)[1]) not in health.text
+        assert set(health.json()["upstream"]) <= {"reachable", "status", "error", "latency_ms"}
         for answer in answers:
             assert answer.status_code in (404, 502, 504), answer.text
             assert host not in answer.text and str(host.rsplit(":", 1)[1]) not in answer.text
@@ -178,3 +184,44 @@ def test_pull_through_the_proxy_over_https(tmp_path: Path, image_builder: ImageB
             assert untrusted.stderr.count("\n") == 1 and "Traceback" not in untrusted.stderr
         finally:
             proxy.stop()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"events": [1]}',
+        b'{"events": [null]}',
+        b'{"events": ["push"]}',
+        b'{"events": [{"target": {"repository": "x"}}]}',
+        b'{"events": [{"action": 7, "target": {"repository": "x"}}]}',
+        b'{"events": [{"action": "push"}]}',
+        b'{"events": [{"action": "push", "target": 5}]}',
+        b'{"events": [{"action": "push", "target": {"repository": ["x"]}}]}',
+        b'{"events": [{"action": "delete", "target": {"repository": ""}}]}',
+        b'{"events": [{"action": "push", "target": {"repository": "Not/A:Name"}}]}',
+        b'{"events": {"action": "push"}}',
+        b"[]",
+        b"not json",
+    ],
+)
+def test_a_malformed_notification_is_400_with_one_line(
+    fake_upstream: FakeUpstream, body: bytes
+) -> None:
+    secret = "s" * 24
+    with ProxyServer(fake_upstream.url, notify_secret=secret) as proxy:
+        answer = httpx.post(
+            f"{proxy.url}/_notify",
+            content=body,
+            headers={"Authorization": f"Bearer {secret}", "Content-Type": "application/json"},
+        )
+        assert answer.status_code == 400, answer.text
+        (error,) = answer.json()["errors"]
+        assert error["code"] == "UNSUPPORTED" and "\n" not in error["message"]
+        assert proxy.sample("variant_proxy_cache_invalidations_total") == 0
+        # a well-formed one still works; actions other than push and delete are ignored
+        fine = b'{"events": [{"action": "pull", "target": {}}, {"action": "push", "target": {"repository": "a/b"}}]}'
+        answer = httpx.post(
+            f"{proxy.url}/_notify", content=fine, headers={"Authorization": f"Bearer {secret}"}
+        )
+        assert answer.status_code == 200 and answer.json() == {"invalidated": ["a/b"]}
+    assert fake_upstream.requests == []
