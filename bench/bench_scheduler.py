@@ -55,7 +55,8 @@ from docker_variant.scheduler.documents import AgentReport, PlacementRequest
 from docker_variant.scheduler.models import agents as agent_table
 from docker_variant.scheduler.models import devices as device_table
 from docker_variant.scheduler.models import profiles as profile_table
-from docker_variant.scheduler.placement import Judge, Plan, Pool, build_pool, plan, profile_key
+from docker_variant.scheduler.placement import Judge, Plan, plan
+from docker_variant.scheduler.pool import Pool, build_pool, profile_key
 from docker_variant.variant import Variant, VariantIndex
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))

@@ -12,18 +12,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from docker_variant.scheduler.placement import (
-    Device,
     DeviceClass,
     Judge,
-    Node,
     NodeAllocation,
     Plan,
-    Pool,
-    ProfileKey,
     Refusal,
     candidate_key,
-    natural_key,
 )
+from docker_variant.scheduler.pool import Device, Node, Pool, ProfileKey, natural_key
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.platform import Platform
 from docker_variant.variant.selection import Candidate, select

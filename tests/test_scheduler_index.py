@@ -18,15 +18,8 @@ from docker_variant.scheduler.documents import (
     parse_agent_report,
     parse_placement_request,
 )
-from docker_variant.scheduler.placement import (
-    Device,
-    Node,
-    Plan,
-    Pool,
-    Refusal,
-    plan,
-    profile_key,
-)
+from docker_variant.scheduler.placement import Plan, Refusal, plan
+from docker_variant.scheduler.pool import Device, Node, Pool, profile_key
 from docker_variant.variant import VariantIndex
 from docker_variant.variant.model import SupportedLists
 from scheduler_reference import reference_plan
@@ -218,7 +211,7 @@ def test_the_store_keeps_its_pool_current_without_reading_it(
             store.snapshot(group)
         reads: list[str] = []
         for name in ("_load", "_reload_allocations"):
-            monkeypatch.setattr(store, name, lambda *_a, name=name: reads.append(name))
+            monkeypatch.setattr(store.cache, name, lambda *_a, name=name: reads.append(name))
         rng = random.Random(5)
         made: list[str] = []
         for step in range(40):

@@ -11,15 +11,8 @@ from typing import Any
 import pytest
 
 from docker_variant.k8s.claim import virtual_host
-from docker_variant.scheduler.placement import (
-    BARE,
-    Judge,
-    Plan,
-    Pool,
-    Refusal,
-    build_pool,
-    plan,
-)
+from docker_variant.scheduler.placement import BARE, Judge, Plan, Refusal, plan
+from docker_variant.scheduler.pool import Pool, build_pool
 from docker_variant.variant import VariantIndex, select
 from test_scheduler_support import (
     A100_R535,

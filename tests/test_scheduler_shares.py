@@ -16,15 +16,8 @@ from sqlalchemy.exc import IntegrityError
 
 from docker_variant.scheduler.documents import SHARE, AgentReport, parse_agent_report
 from docker_variant.scheduler.models import device_usage
-from docker_variant.scheduler.placement import (
-    Judge,
-    Plan,
-    Pool,
-    Refusal,
-    build_pool,
-    plan,
-    pool_shares,
-)
+from docker_variant.scheduler.placement import Judge, Plan, Refusal, plan
+from docker_variant.scheduler.pool import Pool, build_pool, pool_shares
 from docker_variant.variant import VariantIndex
 from test_scheduler_api import client_for, place, put_agent
 from test_scheduler_support import (

@@ -22,7 +22,8 @@ from conftest import RunningRegistry
 from docker_variant.scheduler import Store
 from docker_variant.scheduler.__main__ import main
 from docker_variant.scheduler.documents import SHARE, AgentReport
-from docker_variant.scheduler.placement import Plan, Pool, build_pool, plan
+from docker_variant.scheduler.placement import Plan, plan
+from docker_variant.scheduler.pool import Pool, build_pool
 from docker_variant.scheduler.tokens import load_tokens
 from docker_variant.scheduler.whatif import parse_what_if, what_if
 from docker_variant.variant import VariantIndex

@@ -1,13 +1,27 @@
-"""``variant-scheduler``: the agent-device variant registry and matcher (SPEC section 8).
+"""``variant-scheduler``: the agent-device variant registry and matcher.
 
 Agents report their host's and each device's supported lists; a placement puts one variant
-of an image on a gang of nodes whose devices all fit it (``placement.py``, on top of
-``select``), all or nothing, with no device ever allocated twice (``store.py``: a primary key
-per allocated device). ``app.py`` is the HTTP API; ``__main__`` runs it under uvicorn.
+of an image on a gang of nodes whose devices all fit it, all or nothing, with no device ever
+allocated twice. The rooms, top to bottom (imports only point down):
+
+| module | job |
+|---|---|
+| ``app.py`` | the HTTP API (Starlette); ``__main__`` runs it under uvicorn |
+| ``ui.py`` | the fleet view, one HTML page |
+| ``whatif.py`` | would new nodes of a template make a request place (pure, on a pool copy) |
+| ``store.py`` | the operations: heartbeats, placements, replace, deletes, the agent TTL |
+| ``poolcache.py`` | the pools in memory, kept current with the rows by two version numbers |
+| ``views.py`` | agents as ``GET /v1/agents`` shows them |
+| ``rows.py`` | every SQL statement: the only module that touches the database |
+| ``placement.py`` | the judge and the search: where a gang goes, or why not (pure) |
+| ``pool.py`` | the pool index: nodes, devices and what they have in use (pure) |
+| ``documents.py``, ``tokens.py`` | what agents and clients send, validated; who may call |
+| ``models.py``, ``database.py`` | the tables; opening the database |
 """
 
 from docker_variant.scheduler.app import create_app
-from docker_variant.scheduler.placement import Plan, Pool, Refusal, build_pool, plan
+from docker_variant.scheduler.placement import Plan, Refusal, plan
+from docker_variant.scheduler.pool import Pool, build_pool
 from docker_variant.scheduler.store import Store
 
 __all__ = ["Plan", "Pool", "Refusal", "Store", "build_pool", "create_app", "plan"]

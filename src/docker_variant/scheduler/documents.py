@@ -6,6 +6,7 @@ the HTTP layer answers 400 with it unchanged.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -19,10 +20,14 @@ from docker_variant.variant.platform import Platform
 
 __all__ = [
     "DEFAULT_RESOURCE_GROUP",
+    "DEVICE_NAME",
+    "ID",
     "MAX_CAPACITY",
     "MAX_NODES",
     "SHARE",
+    "SHORT_NAME",
     "AgentReport",
+    "NameRule",
     "PlacementRequest",
     "check_agent_id",
     "parse_agent_report",
@@ -37,21 +42,51 @@ MAX_DEVICES_PER_NODE = 1_024
 SHARE = 1_000_000
 MAX_CAPACITY = 1_024  # shares one device may report
 
-# Agent ids travel in URL paths: no '/'. Device names may look like "nvidia.com/gpu".
-_AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,254}")
-_DEVICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,254}")
-_DEVICE_ID = _AGENT_ID
-_RULE = "letters, digits and . _ : @ + -, starting with a letter or digit, at most 255"
+
+@dataclass(frozen=True)
+class NameRule:
+    """The one rule for every name the scheduler is sent (agent and device ids, device
+    names, resource groups, token owners, what-if templates): letters, digits and
+    ``. _ : @ + -``, starting with a letter or digit, at most ``length`` characters; device
+    names may also hold ``/`` (``nvidia.com/gpu``). Agent ids travel in URL paths: no ``/``.
+    """
+
+    length: int
+    slash: bool = False
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        return _name_pattern(self.length, self.slash)
+
+    @property
+    def text(self) -> str:
+        rule = "letters, digits and . _ : @ + -, starting with a letter or digit"
+        return f"{rule}, at most {self.length}{' (and /)' if self.slash else ''}"
+
+    def matches(self, value: object) -> bool:
+        return isinstance(value, str) and self.pattern.fullmatch(value) is not None
+
+    def check(self, value: object, what: str) -> str:
+        """``value`` when it follows the rule, else one line naming it (``what``)."""
+        if not self.matches(value):
+            raise InvalidInputError(f"{what} {value!r} is not valid: {self.text}")
+        assert isinstance(value, str)
+        return value
 
 
-def _check_name(value: object, pattern: re.Pattern[str], what: str, extra: str = "") -> str:
-    if not isinstance(value, str) or pattern.fullmatch(value) is None:
-        raise InvalidInputError(f"{what} {value!r} is not valid: {_RULE}{extra}")
-    return value
+@functools.cache
+def _name_pattern(length: int, slash: bool) -> re.Pattern[str]:
+    chars = "A-Za-z0-9._:@+" + ("/" if slash else "") + "-"
+    return re.compile(f"[A-Za-z0-9][{chars}]{{0,{length - 1}}}")
+
+
+ID = NameRule(255)  # agent ids, device ids, resource groups
+DEVICE_NAME = NameRule(255, slash=True)
+SHORT_NAME = NameRule(64)  # token owners, what-if templates
 
 
 def check_agent_id(value: object) -> str:
-    return _check_name(value, _AGENT_ID, "agent_id")
+    return ID.check(value, "agent_id")
 
 
 @dataclass(frozen=True)
@@ -147,14 +182,14 @@ def parse_agent_report(data: object, path_agent_id: str) -> AgentReport:
             f"agent_id {report['agent_id']!r} in the body does not match {agent_id!r} in the path"
         )
     group = report.get("resource_group", DEFAULT_RESOURCE_GROUP)
-    group = _check_name(group, _AGENT_ID, "resource_group")
+    group = ID.check(group, "resource_group")
     host = parse_supported_lists(report.get("host", {}), f"agent {agent_id}: host")
     devices: dict[str, dict[str, SupportedLists]] = {}
     for name, members in _object(report.get("devices", {}), "devices").items():
-        _check_name(name, _DEVICE_NAME, "device name", " (and /)")
+        DEVICE_NAME.check(name, "device name")
         devices[name] = {}
         for device_id, lists in _object(members, f"devices.{name}").items():
-            _check_name(device_id, _DEVICE_ID, f"devices.{name}: device id")
+            ID.check(device_id, f"devices.{name}: device id")
             where = f"agent {agent_id}: device {name}/{device_id}"
             devices[name][device_id] = parse_supported_lists(lists, where)
     platform = report.get("platform")
@@ -226,10 +261,10 @@ def parse_placement_request(data: object) -> PlacementRequest:
         raise InvalidInputError("devices_per_node is required (an integer >= 0)")
     group = request.get("resource_group")
     if group is not None:
-        group = _check_name(group, _AGENT_ID, "resource_group")
+        group = ID.check(group, "resource_group")
     device_name = request.get("device_name")
     if device_name is not None:
-        device_name = _check_name(device_name, _DEVICE_NAME, "device_name", " (and /)")
+        device_name = DEVICE_NAME.check(device_name, "device_name")
     nodes = _count(request, "nodes", 1, MAX_NODES)
     per_node = _count(request, "devices_per_node", 0, MAX_DEVICES_PER_NODE)
     shares = None

@@ -33,14 +33,13 @@ from pathlib import Path
 from typing import Literal
 
 from docker_variant.errors import InvalidInputError
-from docker_variant.scheduler.documents import check_agent_id
+from docker_variant.scheduler.documents import SHORT_NAME, check_agent_id
 
 __all__ = ["ANONYMOUS", "Principal", "TokenTable", "load_tokens"]
 
 Role = Literal["agent", "client", "admin"]
 _ROLES: tuple[Role, ...] = ("agent", "client", "admin")
 _HEX = re.compile(r"[0-9a-f]{64}")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,63}")
 _MIN_TOKEN = 16
 
 
@@ -125,8 +124,7 @@ def _entry(item: object, where: str) -> tuple[bytes, Principal]:
     if "agent_id" in item:
         raise InvalidInputError(f"{where}: only an agent token names an agent_id")
     name = item.get("name")
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise InvalidInputError(
-            f"{where}: a {role} token needs a name (letters, digits, . _ : @ + -)"
-        )
+    if not SHORT_NAME.matches(name):
+        raise InvalidInputError(f"{where}: a {role} token needs a name ({SHORT_NAME.text})")
+    assert isinstance(name, str)
     return digest, Principal(role, name)

@@ -23,7 +23,6 @@ than its ``max_nodes``.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -31,21 +30,14 @@ from typing import Any
 from docker_variant.errors import InvalidInputError
 from docker_variant.scheduler.documents import (
     MAX_NODES,
+    SHORT_NAME,
     AgentReport,
     PlacementRequest,
     parse_agent_report,
     parse_placement_request,
 )
-from docker_variant.scheduler.placement import (
-    BARE,
-    Judge,
-    Node,
-    Plan,
-    Pool,
-    Refusal,
-    build_pool,
-    plan,
-)
+from docker_variant.scheduler.placement import BARE, Judge, Plan, Refusal, plan
+from docker_variant.scheduler.pool import Node, Pool, build_pool
 from docker_variant.variant.index import VariantIndex
 
 __all__ = [
@@ -59,8 +51,6 @@ __all__ = [
 ]
 
 MAX_TEMPLATES = 64  # each costs a few plans: bounded, as every input of the scheduler is
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,63}")
-_NAME_RULE = "letters, digits and . _ : @ + -, starting with a letter or digit, at most 64"
 _TEMPLATE_KEYS = {"name", "host", "devices", "platform", "max_nodes", "cost"}
 _VIRTUAL = "#"  # in virtual agent ids: a character no real agent id may hold
 
@@ -161,9 +151,7 @@ def parse_template(data: object, where: str) -> NodeTemplate:
         raise InvalidInputError(
             f"{where}: unknown key {unknown[0]!r} (expected {', '.join(sorted(_TEMPLATE_KEYS))})"
         )
-    name = item.get("name")
-    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
-        raise InvalidInputError(f"{where}: name {name!r} is not valid: {_NAME_RULE}")
+    name = SHORT_NAME.check(item.get("name"), f"{where}: name")
     where = f"template {name!r}"
     heartbeat = {key: item[key] for key in ("host", "devices", "platform") if key in item}
     try:

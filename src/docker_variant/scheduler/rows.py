@@ -1,0 +1,730 @@
+"""The scheduler's rows: every SQL statement, and the only module that touches the database.
+
+Transactions: ``Rows.read`` (PostgreSQL: one REPEATABLE READ snapshot for every statement)
+and ``Rows.write`` (SQLite: ``BEGIN IMMEDIATE``, so writers queue instead of failing when
+they upgrade). The functions below run inside one of them, on its connection.
+
+A device is never allocated twice, under any concurrency: ``take`` inserts one
+``allocations`` row per device and one ``device_usage`` row per device in use, whose primary
+key and ``used <= capacity`` check the database enforces (see ``models``). A commit that
+loses such a race raises, and ``lost_race`` says so; the caller plans again on fresh state.
+
+Two version rows (``pool_version``, ``allocation_version``) count the changes to agents and
+devices, and to allocations: ``bump`` takes the row's lock until the transaction ends, so
+versions commit in order, and ``new - 1`` is the version just before the change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    bindparam,
+    case,
+    delete,
+    func,
+    insert,
+    inspect,
+    select,
+    true,
+    tuple_,
+)
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql, sqlite
+
+from docker_variant.errors import InvalidInputError
+from docker_variant.jsondoc import load_json
+from docker_variant.scheduler.database import (
+    RETRYABLE_SQLSTATES,
+    WRITE,
+    open_engine,
+    safe_url,
+    sqlstate,
+    unavailable,
+)
+from docker_variant.scheduler.documents import SHARE, AgentReport
+from docker_variant.scheduler.models import (
+    agents,
+    allocation_version,
+    allocations,
+    device_usage,
+    devices,
+    metadata,
+    placements,
+    pool_version,
+    profiles,
+)
+from docker_variant.scheduler.placement import Plan
+from docker_variant.scheduler.pool import WHOLE, DeviceKey, ProfileKey, profile_key
+from docker_variant.variant.model import SupportedLists
+
+__all__ = [
+    "HOST_ROW",
+    "STATES",
+    "Change",
+    "Rows",
+    "Stale",
+    "Usage",
+    "iso",
+    "lost_race",
+    "retryable",
+]
+
+STATES = ("active", "degraded")  # a placement's
+#: The device name (and id) of a node's row in a placement that takes no device
+#: (devices_per_node 0), so that the agents of every placement are in ``allocations``.
+HOST_ROW = ""
+_IN_BATCH = 500
+
+Usage = dict[tuple[str, str], int]  # (device name, device id) -> in use (millionths, or WHOLE)
+Change = tuple[DeviceKey, int | None]  # a device freed or taken: whole (None) or shares
+
+
+class Stale(Exception):
+    """The plan's view of the pool changed before it could commit."""
+
+
+def retryable(error: Exception) -> bool:
+    """PostgreSQL ended the transaction as a deadlock or a serialization failure."""
+    return isinstance(error, sa_exc.OperationalError) and sqlstate(error) in RETRYABLE_SQLSTATES
+
+
+def lost_race(error: Exception) -> bool:
+    """A commit that lost to a concurrent one: the rows it planned on changed (``Stale``),
+    the database refused a device taken twice or past its capacity, or PostgreSQL ended it."""
+    return isinstance(error, Stale | sa_exc.IntegrityError) or retryable(error)
+
+
+def iso(timestamp: float) -> str:
+    return (
+        datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    )
+
+
+def _insert(conn: Connection, table: Any) -> Any:
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table)
+
+
+def _same_device(one: Any, other: Any) -> Any:
+    return and_(
+        one.c.agent_id == other.c.agent_id,
+        one.c.device_name == other.c.device_name,
+        one.c.device_id == other.c.device_id,
+    )
+
+
+class Rows:
+    """One database: transactions, and the engine's life."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.url = safe_url(engine.url)
+
+    @classmethod
+    def open(cls, url: str) -> Rows:
+        """Connect and create the tables that are missing."""
+        rows = cls(open_engine(url))
+        with unavailable("creating the tables", rows.url):
+            metadata.create_all(rows.engine)
+            # create_all adds missing tables, not columns: a database from before shares
+            columns = inspect(rows.engine).get_columns("allocations")
+            if "shares" not in {c["name"] for c in columns}:
+                rows.engine.dispose()
+                raise InvalidInputError(
+                    f"database {rows.url} was made by an older variant-scheduler (no device "
+                    "shares, health or placement states); start on a new database"
+                )
+            with rows.write("creating the tables") as conn:
+                for table in (pool_version, allocation_version):
+                    seed = _insert(conn, table).values(id=1, version=0)
+                    conn.execute(seed.on_conflict_do_nothing())
+        return rows
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextlib.contextmanager
+    def read(self, what: str) -> Iterator[Connection]:
+        with unavailable(what, self.url), self.engine.connect() as conn:
+            if conn.dialect.name == "postgresql":  # one snapshot for every statement
+                conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                yield conn
+
+    @contextlib.contextmanager
+    def write(self, what: str) -> Iterator[Connection]:
+        with unavailable(what, self.url), self.engine.connect() as conn:
+            conn = conn.execution_options(**{WRITE: True})
+            with conn.begin():
+                yield conn
+
+    def ping(self) -> None:
+        with self.read("health check") as conn:
+            conn.exec_driver_sql("SELECT 1")
+
+
+# --------------------------------------------------------------------------- versions
+
+_VERSIONS = select(
+    select(pool_version.c.version).where(pool_version.c.id == 1).scalar_subquery(),
+    select(allocation_version.c.version).where(allocation_version.c.id == 1).scalar_subquery(),
+)
+
+
+def versions(conn: Connection) -> tuple[int, int]:
+    """(pool version, allocation version) as of this transaction."""
+    pool_v, allocation_v = conn.execute(_VERSIONS).one()
+    return int(pool_v), int(allocation_v)
+
+
+def _bump(conn: Connection, table: Any) -> int:
+    conn.execute(table.update().where(table.c.id == 1).values(version=table.c.version + 1))
+    return int(conn.execute(select(table.c.version).where(table.c.id == 1)).scalar_one())
+
+
+def bump_pool(conn: Connection) -> int:
+    """The pool's agents or devices changed: other processes re-read them on their next plan."""
+    return _bump(conn, pool_version)
+
+
+def bump_allocations(conn: Connection) -> int:
+    """Devices were taken or freed: other processes re-read the allocations."""
+    return _bump(conn, allocation_version)
+
+
+# --------------------------------------------------------------------------- agents
+
+
+def profile_documents(conn: Connection, keys: Iterable[ProfileKey]) -> dict[str, SupportedLists]:
+    """The supported-lists documents named ``keys``."""
+    wanted = sorted(keys)
+    found: dict[str, SupportedLists] = {}
+    for start in range(0, len(wanted), _IN_BATCH):
+        batch = wanted[start : start + _IN_BATCH]
+        for key, text in conn.execute(
+            select(profiles.c.id, profiles.c.lists).where(profiles.c.id.in_(batch))
+        ):
+            found[key] = load_json(text, f"stored lists {key}")
+    return found
+
+
+def report_documents(report: AgentReport) -> dict[ProfileKey, SupportedLists]:
+    """The lists a report names, by profile key."""
+    documents = {profile_key(report.host): report.host}
+    for members in report.devices.values():
+        for lists in members.values():
+            documents[profile_key(lists)] = lists
+    return documents
+
+
+def record_report(
+    conn: Connection,
+    report: AgentReport,
+    now: float,
+    known_profiles: Mapping[ProfileKey, object],
+) -> tuple[int, Usage]:
+    """Write a heartbeat; when it changed the agent (group, lists, platform, devices), also
+    its devices, the placements it degrades (a device it held now unhealthy or missing), and
+    the new pool version with what the agent's allocated devices have in use; else (0, {})."""
+    documents = report_documents(report)
+    group, host, platform = report.resource_group, profile_key(report.host), report.platform
+    reported = {
+        (name, device_id): (
+            profile_key(lists),
+            report.capacity.get((name, device_id), SHARE),
+            (name, device_id) not in report.unhealthy,
+        )
+        for name, members in report.devices.items()
+        for device_id, lists in members.items()
+    }
+    before = conn.execute(
+        select(agents.c.resource_group, agents.c.host_profile, agents.c.platform).where(
+            agents.c.agent_id == report.agent_id
+        )
+    ).first()
+    known = {
+        (name, device_id): (profile, capacity, bool(healthy))
+        for _, name, device_id, profile, capacity, healthy in conn.execute(
+            select(devices).where(devices.c.agent_id == report.agent_id)
+        )
+    }
+    changed = before is None or tuple(before) != (group, host, platform)
+    changed = changed or known != reported
+    if changed:
+        missing = [key for key in documents if key not in known_profiles]
+        if missing:
+            rows = [{"id": key, "lists": json.dumps(documents[key])} for key in missing]
+            conn.execute(_insert(conn, profiles).on_conflict_do_nothing(), rows)
+    upsert = _insert(conn, agents).values(
+        agent_id=report.agent_id,
+        resource_group=group,
+        host_profile=host,
+        first_seen=now,
+        last_seen=now,
+        platform=platform,
+    )
+    conn.execute(
+        upsert.on_conflict_do_update(
+            index_elements=[agents.c.agent_id],
+            set_={
+                "resource_group": upsert.excluded.resource_group,
+                "host_profile": upsert.excluded.host_profile,
+                "last_seen": upsert.excluded.last_seen,
+                "platform": upsert.excluded.platform,
+            },
+        )
+    )
+    if not changed:
+        return 0, {}
+    conn.execute(delete(devices).where(devices.c.agent_id == report.agent_id))
+    if reported:
+        conn.execute(
+            insert(devices),
+            [
+                {
+                    "agent_id": report.agent_id,
+                    "device_name": name,
+                    "device_id": device_id,
+                    "profile": profile,
+                    "capacity": capacity,
+                    "healthy": healthy,
+                }
+                for (name, device_id), (profile, capacity, healthy) in reported.items()
+            ],
+        )
+    resized = [
+        {"a": report.agent_id, "n": name, "d": device_id, "c": capacity}
+        for (name, device_id), (_, capacity, _) in reported.items()
+        if (name, device_id) not in known or known[(name, device_id)][1] != capacity
+    ]
+    if resized:  # a device partly used keeps at least what it has in use
+        conn.execute(
+            device_usage.update()
+            .where(
+                device_usage.c.agent_id == bindparam("a"),
+                device_usage.c.device_name == bindparam("n"),
+                device_usage.c.device_id == bindparam("d"),
+                device_usage.c.whole.is_(False),
+            )
+            .values(
+                capacity=case(
+                    (device_usage.c.used <= bindparam("c"), bindparam("c")),
+                    else_=device_usage.c.used,
+                )
+            ),
+            resized,
+        )
+    held_rows = conn.execute(
+        select(
+            allocations.c.device_name,
+            allocations.c.device_id,
+            allocations.c.placement_id,
+            allocations.c.shares,
+        ).where(allocations.c.agent_id == report.agent_id)
+    ).all()
+    degraded: dict[str, tuple[str, float]] = {}
+    for name, device_id, placement_id, _ in held_rows:
+        if name == HOST_ROW:
+            continue
+        state = reported.get((name, device_id))
+        trouble = "no longer reported" if state is None else None if state[2] else "unhealthy"
+        if trouble is not None and placement_id not in degraded:
+            reason = f"agent {report.agent_id}: device {name}/{device_id} is {trouble}"
+            degraded[placement_id] = (reason, now)
+    degrade(conn, degraded)
+    held = {
+        (name, device_id): used
+        for (_, name, device_id), used in usage_of(
+            (report.agent_id, n, d, shares) for n, d, _, shares in held_rows
+        ).items()
+    }
+    return bump_pool(conn), held
+
+
+def usage_of(rows: Iterable[Any]) -> dict[DeviceKey, int]:
+    """What each device has in use, from (agent, name, device, shares) allocation rows."""
+    used: dict[DeviceKey, int] = {}
+    for agent, name, device_id, shares in rows:
+        if name == HOST_ROW:
+            continue
+        key = (agent, name, device_id)
+        used[key] = WHOLE if shares is None else min(WHOLE, used.get(key, 0) + shares)
+    return used
+
+
+def agent_rows(
+    conn: Connection,
+    resource_group: str | None,
+    agent_id: str | None = None,
+) -> tuple[list[Any], list[Any], list[Any]]:
+    """(agents, their devices, their allocations) rows, of one agent or of a resource group
+    (None: every agent); columns in table order (unpacked as tuples: named access costs ~5x)."""
+    agent_query = select(agents)
+    device_query = select(devices)
+    allocation_query = select(allocations)
+    if agent_id is not None:
+        agent_query = agent_query.where(agents.c.agent_id == agent_id)
+        device_query = device_query.where(devices.c.agent_id == agent_id)
+        allocation_query = allocation_query.where(allocations.c.agent_id == agent_id)
+    elif resource_group is not None:
+        group = select(agents.c.agent_id).where(agents.c.resource_group == resource_group)
+        agent_query = agent_query.where(agents.c.resource_group == resource_group)
+        device_query = device_query.where(devices.c.agent_id.in_(group))
+        allocation_query = allocation_query.where(allocations.c.agent_id.in_(group))
+    return (
+        list(conn.execute(agent_query.order_by(agents.c.agent_id))),
+        list(conn.execute(device_query)),
+        list(conn.execute(allocation_query)),
+    )
+
+
+def _allocation_query(resource_group: str | None) -> Any:
+    query = select(
+        allocations.c.agent_id,
+        allocations.c.device_name,
+        allocations.c.device_id,
+        allocations.c.shares,
+    )
+    if resource_group is not None:
+        group = select(agents.c.agent_id).where(agents.c.resource_group == resource_group)
+        query = query.where(allocations.c.agent_id.in_(group))
+    return query
+
+
+def usage(conn: Connection, resource_group: str | None) -> dict[DeviceKey, int]:
+    """What the devices of ``resource_group`` (None: all) have in use."""
+    return usage_of(conn.execute(_allocation_query(resource_group)))
+
+
+def held_by(conn: Connection, placement_id: str) -> list[Change]:
+    """The placement's allocation rows (hosts included), in key order."""
+    query = _allocation_query(None).where(allocations.c.placement_id == placement_id)
+    return sorted(((a, n, d), s) for a, n, d, s in conn.execute(query))
+
+
+def last_seen(conn: Connection, ids: Sequence[str]) -> dict[str, float]:
+    """The agents' last heartbeats."""
+    query = select(agents.c.agent_id, agents.c.last_seen)
+    found: dict[str, float] = {}
+    for start in range(0, len(ids), _IN_BATCH):
+        batch = ids[start : start + _IN_BATCH]
+        found.update({a: at for a, at in conn.execute(query.where(agents.c.agent_id.in_(batch)))})
+    return found
+
+
+def delete_agent(conn: Connection, agent_id: str) -> tuple[list[str], list[Change]] | None:
+    """Delete every placement holding one of the agent's devices, then the agent and its
+    devices: (the placements deleted, the devices freed); None when there is no such agent."""
+    exists = conn.execute(select(agents.c.agent_id).where(agents.c.agent_id == agent_id)).first()
+    if exists is None:
+        return None
+    held = sorted(
+        set(
+            conn.execute(
+                select(allocations.c.placement_id).where(allocations.c.agent_id == agent_id)
+            ).scalars()
+        )
+    )
+    freed: list[Change] = []
+    if held:
+        freed = free(conn, allocations.c.placement_id.in_(held))
+        conn.execute(delete(placements).where(placements.c.id.in_(held)))
+    conn.execute(delete(devices).where(devices.c.agent_id == agent_id))
+    conn.execute(delete(agents).where(agents.c.agent_id == agent_id))
+    return held, freed
+
+
+# --------------------------------------------------------------------------- allocations
+
+
+def check_plan(conn: Connection, chosen: Plan) -> None:
+    """The planned agents still have the host lists, and the devices the lists, capacity and
+    health, planned (else ``Stale``). On PostgreSQL the agents' rows are share-locked, so no
+    report can change them before this transaction ends (SQLite: BEGIN IMMEDIATE already
+    excludes every writer)."""
+    agent_ids = sorted({a.agent_id for a in chosen.allocations})
+    locked = (
+        select(agents.c.agent_id, agents.c.host_profile)
+        .where(agents.c.agent_id.in_(agent_ids))
+        .order_by(agents.c.agent_id)
+        .with_for_update(read=True)
+    )
+    hosts = {row.agent_id: row.host_profile for row in conn.execute(locked)}
+    if hosts != {a.agent_id: a.host for a in chosen.allocations}:
+        raise Stale()
+    planned = {
+        (a.agent_id, a.device_name or "", d.device_id): (d.profile, d.capacity, True)
+        for a in chosen.allocations
+        for d in a.devices
+    }
+    if planned:
+        rows = conn.execute(select(devices).where(devices.c.agent_id.in_(agent_ids))).all()
+        present = {
+            (r.agent_id, r.device_name, r.device_id): (r.profile, r.capacity, bool(r.healthy))
+            for r in rows
+        }
+        if any(present.get(key) != state for key, state in planned.items()):
+            raise Stale()
+
+
+def take(conn: Connection, placement_id: str, plan_: Plan) -> list[Change]:
+    """Insert the allocation rows of ``plan_`` and the devices' usage; the database refuses
+    (IntegrityError) a device taken whole twice, or shares past a device's capacity."""
+    hosts = [a.agent_id for a in plan_.allocations if not a.devices]
+    if hosts:  # no usage: a host is not taken
+        rows = [
+            {"agent_id": agent, "device_name": HOST_ROW, "device_id": HOST_ROW, "shares": 0}
+            for agent in sorted(hosts)
+        ]
+        conn.execute(insert(allocations), [row | {"placement_id": placement_id} for row in rows])
+    keyed = sorted(
+        ((a.agent_id, a.device_name or "", d.device_id), d.capacity)
+        for a in plan_.allocations
+        for d in a.devices
+    )
+    if not keyed:  # in key order, so that racing writers cannot deadlock
+        return []
+    shares = plan_.shares
+    conn.execute(
+        insert(allocations),
+        [
+            {
+                "agent_id": agent_id,
+                "device_name": name,
+                "device_id": device_id,
+                "placement_id": placement_id,
+                "shares": shares,
+            }
+            for (agent_id, name, device_id), _ in keyed
+        ],
+    )
+    if shares is None:  # the primary key refuses a device anything else uses
+        # one statement from the rows just written (a gang may take thousands of devices)
+        taken = (
+            select(
+                allocations.c.agent_id,
+                allocations.c.device_name,
+                allocations.c.device_id,
+                devices.c.capacity.label("used"),
+                devices.c.capacity,
+                true().label("whole"),
+            )
+            .join_from(allocations, devices, _same_device(allocations, devices))
+            .where(
+                allocations.c.placement_id == placement_id,
+                allocations.c.agent_id.in_(sorted({a.agent_id for a in plan_.allocations})),
+            )
+            .order_by(allocations.c.agent_id, allocations.c.device_name, allocations.c.device_id)
+        )
+        columns = ["agent_id", "device_name", "device_id", "used", "capacity", "whole"]
+        # (RETURNING: psycopg reports no row count for INSERT ... SELECT)
+        filled = insert(device_usage).from_select(columns, taken)
+        inserted = conn.execute(filled.returning(device_usage.c.device_id)).all()
+        if len(inserted) != len(keyed):  # a planned device is gone (``check_plan`` saw it not)
+            raise Stale()
+    else:  # the check refuses the sum past the capacity, and any share of a whole device
+        rows = [
+            {
+                "agent_id": agent_id,
+                "device_name": name,
+                "device_id": device_id,
+                "used": shares,
+                "capacity": capacity,
+                "whole": False,
+            }
+            for (agent_id, name, device_id), capacity in keyed
+        ]
+        upsert = _insert(conn, device_usage)
+        conn.execute(
+            upsert.on_conflict_do_update(
+                index_elements=[
+                    device_usage.c.agent_id,
+                    device_usage.c.device_name,
+                    device_usage.c.device_id,
+                ],
+                set_={"used": device_usage.c.used + upsert.excluded.used},
+            ),
+            rows,
+        )
+    return [(key, shares) for key, _ in keyed]
+
+
+def free(conn: Connection, which: Any) -> list[Change]:
+    """Delete the allocation rows ``which`` selects and give their devices' usage back."""
+    query = select(
+        allocations.c.agent_id,
+        allocations.c.device_name,
+        allocations.c.device_id,
+        allocations.c.shares,
+    ).where(which)
+    freed = [((a, n, d), s) for a, n, d, s in conn.execute(query) if n != HOST_ROW]
+    if not freed:
+        conn.execute(delete(allocations).where(which))
+        return []
+    if any(s is None for _, s in freed):  # whole devices: their rows are theirs alone
+        whole = select(
+            allocations.c.agent_id, allocations.c.device_name, allocations.c.device_id
+        ).where(which, allocations.c.shares.is_(None))
+        key = tuple_(device_usage.c.agent_id, device_usage.c.device_name, device_usage.c.device_id)
+        conn.execute(device_usage.delete().where(device_usage.c.whole, key.in_(whole)))
+    # shares: rows other placements share, changed one by one in key order (no deadlock)
+    partly = [
+        {"a": a, "n": n, "d": d, "s": s} for (a, n, d), s in sorted(freed, key=lambda f: f[0]) if s
+    ]
+    if partly:
+        one = and_(
+            device_usage.c.agent_id == bindparam("a"),
+            device_usage.c.device_name == bindparam("n"),
+            device_usage.c.device_id == bindparam("d"),
+        )
+        give_back = (
+            device_usage.update().where(one).values(used=device_usage.c.used - bindparam("s"))
+        )
+        conn.execute(give_back, partly)
+        # a device whose last share went is unused
+        conn.execute(device_usage.delete().where(one, device_usage.c.used <= 0), partly)
+    conn.execute(delete(allocations).where(which))
+    return freed
+
+
+def free_nodes(conn: Connection, placement_id: str, agent_ids: Sequence[str]) -> list[Change]:
+    """Free what the placement holds on ``agent_ids``."""
+    mine = allocations.c.placement_id == placement_id
+    return free(conn, and_(mine, allocations.c.agent_id.in_(sorted(agent_ids))))
+
+
+# --------------------------------------------------------------------------- placements
+
+_PLACEMENT = select(
+    placements.c.document,
+    placements.c.state,
+    placements.c.degraded_reason,
+    placements.c.degraded_since,
+)
+
+_DEGRADE = (
+    placements.update()
+    .where(placements.c.id == bindparam("p"), placements.c.state == "active")
+    .values(state="degraded", degraded_reason=bindparam("r"), degraded_since=bindparam("t"))
+)
+
+
+def _shown(text: str, state: str, reason: str | None, since: float | None) -> dict[str, Any]:
+    """A placement as GET shows it: its document, with its state (and why it is degraded)."""
+    document = dict(load_json(text, "a stored placement"))
+    document["state"] = state
+    document.pop("degraded", None)
+    if state == "degraded":
+        document["degraded"] = {
+            "reason": reason,
+            "since": None if since is None else iso(since),
+        }
+    return document
+
+
+def placement_owners(conn: Connection, ids: Sequence[str]) -> dict[str, str | None]:
+    """Who made each of the placements ``ids`` (the client named in its document)."""
+    owners: dict[str, str | None] = {}
+    query = select(placements.c.id, placements.c.document)
+    wanted = sorted(ids)
+    for start in range(0, len(wanted), _IN_BATCH):
+        batch = wanted[start : start + _IN_BATCH]
+        for placement_id, text in conn.execute(query.where(placements.c.id.in_(batch))):
+            owner = load_json(text, f"stored placement {placement_id}").get("owner")
+            owners[placement_id] = owner if isinstance(owner, str) else None
+    return owners
+
+
+def insert_placement(
+    conn: Connection, document: Mapping[str, Any], request: str | None, now: float
+) -> None:
+    conn.execute(
+        insert(placements).values(
+            id=document["id"],
+            created_at=now,
+            document=json.dumps(document),
+            state="active",
+            request=request,
+        )
+    )
+
+
+def placement(conn: Connection, placement_id: str) -> dict[str, Any] | None:
+    """The placement as GET shows it; None when there is none."""
+    row = conn.execute(_PLACEMENT.where(placements.c.id == placement_id)).first()
+    return None if row is None else _shown(*row)
+
+
+def placement_list(conn: Connection, state: str | None) -> list[dict[str, Any]]:
+    """Every placement (in ``state``), oldest first."""
+    query = _PLACEMENT.order_by(placements.c.created_at, placements.c.id)
+    if state is not None:
+        query = query.where(placements.c.state == state)
+    return [_shown(*row) for row in conn.execute(query)]
+
+
+def placement_states(conn: Connection) -> dict[str, int]:
+    query = select(placements.c.state, func.count()).group_by(placements.c.state)
+    return dict.fromkeys(STATES, 0) | {state: n for state, n in conn.execute(query)}
+
+
+def placement_request(conn: Connection, placement_id: str) -> Any:
+    """What the client asked for the placement, as it sent it (JSON); None when not kept."""
+    text = conn.execute(
+        select(placements.c.request).where(placements.c.id == placement_id)
+    ).scalar_one_or_none()
+    return None if text is None else load_json(text, f"placement {placement_id}'s request")
+
+
+def reactivate(conn: Connection, placement_id: str, document: Mapping[str, Any]) -> None:
+    """The placement replaced: its new document, active again (else ``Stale``: it is gone)."""
+    result = conn.execute(
+        placements.update()
+        .where(placements.c.id == placement_id)
+        .values(
+            document=json.dumps(document),
+            state="active",
+            degraded_reason=None,
+            degraded_since=None,
+        )
+    )
+    if not result.rowcount:
+        raise Stale()
+
+
+def delete_placement(conn: Connection, placement_id: str) -> list[Change] | None:
+    """Free the placement's devices and delete it: what was freed; None when there is none."""
+    freed = free(conn, allocations.c.placement_id == placement_id)
+    result = conn.execute(delete(placements).where(placements.c.id == placement_id))
+    return freed if result.rowcount else None
+
+
+def degrade(conn: Connection, reasons: Mapping[str, tuple[str, float]]) -> None:
+    """Mark active placements degraded: placement id -> (reason, since)."""
+    if reasons:
+        rows = [{"p": p, "r": reason, "t": since} for p, (reason, since) in sorted(reasons.items())]
+        conn.execute(_DEGRADE, rows)
+
+
+def lapsed(conn: Connection, before: float) -> list[tuple[str, str, float]]:
+    """(placement, agent, its last heartbeat) for every active placement holding an agent
+    last heard from before ``before``, in that order (one indexed query)."""
+    query = (
+        select(allocations.c.placement_id, agents.c.agent_id, agents.c.last_seen)
+        .select_from(
+            allocations.join(agents, allocations.c.agent_id == agents.c.agent_id).join(
+                placements, allocations.c.placement_id == placements.c.id
+            )
+        )
+        .where(agents.c.last_seen < before, placements.c.state == "active")
+        .distinct()
+    )
+    return sorted(((p, a, seen) for p, a, seen in conn.execute(query)), key=lambda r: r[:2])
