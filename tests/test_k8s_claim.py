@@ -527,7 +527,7 @@ def test_other_namespaces_are_left_out_with_a_warning(
     assert names(document) == ["cu128", "null"]
     (warning,) = err.strip().splitlines()
     assert "left out" in warning and "npu (furiosa properties" in warning
-    assert "odd (no NVIDIA device can have nvidia :: sm_arch :: 91_virtual)" in warning
+    assert "odd (no gpu.nvidia.com device can have nvidia :: sm_arch :: 91_virtual)" in warning
 
     path = tmp_path / "npu-only.json"
     path.write_text(json.dumps(make_index({"npu": {"furiosa": {"arch": ["rngd"]}}})))

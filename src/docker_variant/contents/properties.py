@@ -1,7 +1,7 @@
 """From findings to variant properties, and labels checked against findings.
 
-This is where the providers' rules live (the wheelnext NVIDIA provider's, as
-``providers/nvidia.py`` reports them):
+The providers' rules come from ``vendors`` (what a value promises, what code runs where);
+this module applies them to what the binaries hold:
 
 - A host of compute capability M.m supports ``sm_arch`` values ``Mm_real`` ... ``M0_real`` and
   ``M0_virtual``. So a value ``XY_real`` or ``X0_virtual`` promises that the image runs on a
@@ -19,13 +19,13 @@ This is where the providers' rules live (the wheelnext NVIDIA provider's, as
 - ``x86_64 :: level``: the highest ``GNU_PROPERTY_X86_ISA_1_NEEDED`` level of the image's
   x86-64 ELFs (libraries under ``glibc-hwcaps/`` are optional and left out). Binaries without
   the note are unknown, never baseline; ``v1`` is not proposed (every x86-64 host has it).
-- ``amd :: gfx_arch`` (the names used elsewhere; docker-variant has no amd provider): the gfx
-  targets every offload bundle has; ``amd :: rocm_version``: ROCm's ``major.minor``.
+- ``amd :: gfx_arch``: the gfx targets every offload bundle has (a code object runs only on
+  its own target, ``vendors.amd``); a label naming a target some bundle lacks is refused;
+  ``amd :: rocm_version``: ROCm's ``major.minor``.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -42,11 +42,11 @@ from docker_variant.contents.walker import ImageContents
 from docker_variant.errors import InvalidInputError
 from docker_variant.variant.labels import read_labels
 from docker_variant.variant.model import NULL_LABEL, Property, Variant
+from docker_variant.vendors import amd, cpu, nvidia
 
 __all__ = ["Proposal", "Verdict", "propose", "runs_on", "verify"]
 
-Arch = tuple[int, int]
-_SM_VALUE = re.compile(r"([0-9]+)([0-9])_(real|virtual)")
+Arch = nvidia.Arch
 
 
 @dataclass(frozen=True)
@@ -67,10 +67,9 @@ class Verdict:
 
 def runs_on(fatbin: Finding, device: Arch) -> bool:
     """Whether the ELF's fatbins have code that a device of capability ``device`` runs."""
-    major, minor = device
-    if any(a == major and b <= minor for a, b in fatbin.cubins):
+    if any(nvidia.cubin_runs_on(cubin, device) for cubin in fatbin.cubins):
         return True
-    return any((a, b) <= device for a, b in fatbin.ptx)
+    return any(nvidia.ptx_runs_on(ptx, device) for ptx in fatbin.ptx)
 
 
 def _sm_values(fatbins: list[Finding]) -> list[str]:
@@ -153,16 +152,9 @@ def _label_for(props: list[Property]) -> str:
     return "_".join(parts) or "null"
 
 
-def _device_of(value: str) -> Arch | None:
-    match = _SM_VALUE.fullmatch(value)
-    return (int(match[1]), int(match[2])) if match else None
-
-
 def _version_of(value: str) -> tuple[int, int] | None:
-    major, _, minor = value.partition(".")
-    if not major.isdigit() or (minor and not minor.isdigit()):
-        return None
-    return int(major), int(minor or 0)
+    cuda = nvidia.cuda_value(value)
+    return None if cuda is None else (cuda[0], cuda[1])
 
 
 def verify(contents: ImageContents, variant: Variant | None) -> Verdict:
@@ -173,7 +165,7 @@ def verify(contents: ImageContents, variant: Variant | None) -> Verdict:
     features = variant.properties
     fatbins = contents.of_kind(FATBIN)
     for value in features.get("nvidia", {}).get("sm_arch", ()):
-        device = _device_of(value)
+        device = nvidia.least_device(value)
         if device is None or not fatbins:
             continue
         verdict.checked.append(f"nvidia :: sm_arch :: {value}")
@@ -210,7 +202,7 @@ def verify(contents: ImageContents, variant: Variant | None) -> Verdict:
             )
     needed = _needed_levels(contents)
     for value in features.get("x86_64", {}).get("level", ()):
-        if not needed or not re.fullmatch(r"v[1-4]", value):
+        if not needed or cpu.X86_64.values["level"].pattern.fullmatch(value) is None:
             continue
         verdict.checked.append(f"x86_64 :: level :: {value}")
         top = max(needed, key=lambda f: f.level)
@@ -221,7 +213,7 @@ def verify(contents: ImageContents, variant: Variant | None) -> Verdict:
             )
     bundles = [f for f in contents.of_kind(OFFLOAD) if f.targets]
     for value in features.get("amd", {}).get("gfx_arch", ()):
-        if not bundles:
+        if not bundles or amd.gfx_value(value) is None:
             continue
         verdict.checked.append(f"amd :: gfx_arch :: {value}")
         for bundle in bundles:

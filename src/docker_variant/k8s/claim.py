@@ -8,17 +8,22 @@ subrequest that devices on a node can satisfy.
 
 What becomes of a variant:
 
-- its ``nvidia`` properties become CEL selectors on the NVIDIA DRA driver's attributes
-  (``cel.feature_selector``);
+- its accelerator properties become CEL selectors on its vendor's DRA driver attributes
+  (``cel.feature_selector``): ``nvidia`` on ``gpu.nvidia.com``, ``amd`` on ``gpu.amd.com``;
+  each subrequest asks its vendor's device class;
 - ``x86_64`` and ``aarch64`` properties describe the node's CPU, not a device: they are left
   out of the selectors (``k8s node-labels`` publishes them for node affinity);
-- a variant with no ``nvidia`` property asks nothing of the device: it, the ``null`` variant
-  and the bare image share one last subrequest without selectors (any device of the class).
-  Placed earlier, a selector-free subrequest would make every later one unreachable;
+- a variant with no accelerator property asks nothing of the device: it, the ``null``
+  variant and the bare image share one last subrequest without selectors (any device of the
+  best device subrequest's class). Placed earlier, a selector-free subrequest would make
+  every later one unreachable;
 - a variant whose device selectors equal an earlier subrequest's is folded into it (it could
   never be chosen: the earlier one is tried first and needs exactly the same devices);
-- a variant with properties of another namespace (an NPU plugin's) is left out, with a
-  warning: those are neither NVIDIA device attributes nor CPU properties.
+- a variant with properties of a namespace no DRA driver maps (a descriptor's or an NPU
+  plugin's), or of two accelerator vendors at once, is left out, with a warning.
+
+With ``--count`` above 1, a ``matchAttribute`` constraint per vendor (on the subrequests of
+that vendor) keeps the claim's devices one product.
 
 DRA allows at most 8 subrequests: the lowest-ranked device subrequests are dropped (with a
 warning) so that the selector-free one, when there is one, stays last.
@@ -32,6 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from docker_variant import vendors
 from docker_variant.errors import InvalidInputError
 from docker_variant.k8s.cel import (
     MAX_EXPRESSION_BYTES,
@@ -41,7 +47,6 @@ from docker_variant.k8s.cel import (
     feature_selector,
 )
 from docker_variant.variant import NULL_LABEL, Variant, VariantIndex, select
-from docker_variant.variant.model import ACCELERATOR_FIRST_CPU_NAMESPACES
 from docker_variant.variant.virtual import virtual_host
 
 __all__ = [
@@ -65,7 +70,7 @@ REQUEST_NAME = "gpu"
 MAX_SUBREQUESTS = 8  # resource.k8s.io FirstAvailableDeviceRequestMaxSize
 MAX_COUNT = 32  # resource.k8s.io AllocationResultsMaxSize: devices per claim
 ANNOTATION_PREFIX = "variant.pep817.dev"
-HOMOGENEOUS_ATTRIBUTE = f"{NVIDIA_DOMAIN}/productName"
+DEFAULT_VENDOR = vendors.nvidia.NAMESPACE  # whose class ``--device-class`` names
 
 
 _DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -125,6 +130,7 @@ class Subrequest:
     name: str
     members: tuple[str | None, ...]  # the variant labels it stands for; None is the bare image
     selectors: tuple[str, ...] = ()  # CEL expressions, all must hold; none: any device
+    vendor: str = DEFAULT_VENDOR  # the namespace whose DRA driver's devices it asks for
 
 
 @dataclass(frozen=True)
@@ -141,34 +147,46 @@ def _names(labels: Iterable[str | None]) -> str:
 
 @dataclass
 class _Entry:
+    vendor: str
     selectors: tuple[str, ...]
     members: list[str | None]
 
 
-def _device_selectors(variant: Variant, warnings: list[str]) -> tuple[str, ...] | str:
-    """The variant's selectors, or why it cannot be asked of an NVIDIA device."""
-    others = [
-        ns
-        for ns in variant.namespaces
-        if ns != "nvidia" and ns not in ACCELERATOR_FIRST_CPU_NAMESPACES
-    ]
-    if others:
+def _device_selectors(
+    variant: Variant, warnings: list[str]
+) -> tuple[str | None, tuple[str, ...]] | str:
+    """``(vendor, selectors)`` of the variant (``(None, ())``: it asks nothing of a device),
+    or why it cannot be asked of a device."""
+    accelerators = [ns for ns in variant.namespaces if ns not in vendors.CPU_NAMESPACES]
+    if not accelerators:
+        return None, ()
+    if len(accelerators) > 1:
+        return f"it asks for devices of {' and '.join(accelerators)} at once"
+    namespace = accelerators[0]
+    dra = vendors.for_namespace(namespace).dra
+    if dra is None:
         return (
-            f"{', '.join(others)} properties are neither {NVIDIA_DOMAIN} device attributes "
-            "nor CPU properties"
+            f"{namespace} properties are not the device attributes of a DRA driver "
+            f"({NVIDIA_DOMAIN}, {vendors.amd.DRA_DOMAIN}) nor CPU properties"
         )
     selectors: list[str] = []
-    for feature, values in variant.properties.get("nvidia", {}).items():
-        selector = feature_selector(feature, values)
+    for feature, values in variant.properties[namespace].items():
+        if dra.guard(feature) is None:
+            return f"{namespace} :: {feature} is not an attribute of {dra.device_class} devices"
+        selector = feature_selector(feature, values, namespace)
         if selector.left_out:
             warnings.append(
                 f"variant {variant.label}: the selector keeps the {MAX_VALUES_PER_FEATURE} "
-                f"newest values of nvidia :: {feature}; left out {', '.join(selector.left_out)}"
+                f"newest values of {namespace} :: {feature}; left out "
+                f"{', '.join(selector.left_out)}"
             )
         if selector.expression is None:
-            return f"no NVIDIA device can have nvidia :: {feature} :: {','.join(values)}"
+            return (
+                f"no {dra.device_class} device can have "
+                f"{namespace} :: {feature} :: {','.join(values)}"
+            )
         selectors.append(selector.expression)
-    return tuple(selectors)
+    return namespace, tuple(selectors)
 
 
 def plan_claim(index: VariantIndex, max_subrequests: int = MAX_SUBREQUESTS) -> ClaimPlan:
@@ -178,7 +196,7 @@ def plan_claim(index: VariantIndex, max_subrequests: int = MAX_SUBREQUESTS) -> C
     warnings: list[str] = []
     left_out: dict[str, str] = {}
     device: list[_Entry] = []
-    by_selectors: dict[tuple[str, ...], _Entry] = {}
+    by_selectors: dict[tuple[str, tuple[str, ...]], _Entry] = {}
     anywhere: list[str | None] = []  # run with any device: CPU-only variants, null, bare
     for candidate in selection.ranked:
         variant = candidate.variant
@@ -189,13 +207,14 @@ def plan_claim(index: VariantIndex, max_subrequests: int = MAX_SUBREQUESTS) -> C
         if isinstance(outcome, str):
             left_out[variant.label] = outcome
             continue
-        if not outcome:
+        vendor, selectors = outcome
+        if vendor is None or not selectors:
             anywhere.append(variant.label)
-        elif outcome in by_selectors:
-            by_selectors[outcome].members.append(variant.label)
+        elif (vendor, selectors) in by_selectors:
+            by_selectors[(vendor, selectors)].members.append(variant.label)
         else:
-            entry = _Entry(outcome, [variant.label])
-            by_selectors[outcome] = entry
+            entry = _Entry(vendor, selectors, [variant.label])
+            by_selectors[(vendor, selectors)] = entry
             device.append(entry)
     if left_out:
         warnings.append(
@@ -219,12 +238,19 @@ def plan_claim(index: VariantIndex, max_subrequests: int = MAX_SUBREQUESTS) -> C
     taken: set[str] = set()
     subrequests = [
         Subrequest(
-            _unique(dns_label(str(e.members[0]), "variant"), taken), tuple(e.members), e.selectors
+            _unique(dns_label(str(e.members[0]), "variant"), taken),
+            tuple(e.members),
+            e.selectors,
+            e.vendor,
         )
         for e in device
     ]
     if anywhere:
-        subrequests.append(Subrequest(_unique(_fallback_name(anywhere), taken), tuple(anywhere)))
+        # any device of the class the best device subrequest asks for
+        vendor = device[0].vendor if device else DEFAULT_VENDOR
+        subrequests.append(
+            Subrequest(_unique(_fallback_name(anywhere), taken), tuple(anywhere), (), vendor)
+        )
     for sub in subrequests:
         _check_limits(sub)
     return ClaimPlan(tuple(subrequests), tuple(warnings), left_out)
@@ -265,7 +291,9 @@ def claim_template(
     device_class: str = DEFAULT_DEVICE_CLASS,
     source: str | None = None,
 ) -> dict[str, Any]:
-    """The ``resource.k8s.io/v1`` ``ResourceClaimTemplate`` for ``plan``."""
+    """The ``resource.k8s.io/v1`` ``ResourceClaimTemplate`` for ``plan``. ``device_class``
+    is the class of the NVIDIA subrequests (e.g. ``mig.nvidia.com``); other vendors'
+    subrequests ask their vendor's class."""
     if not 1 <= count <= MAX_COUNT:
         raise InvalidInputError(f"--count {count}: a claim takes 1 to {MAX_COUNT} devices")
     check_dns_subdomain(name, "claim template name")
@@ -276,7 +304,7 @@ def claim_template(
     for sub in plan.subrequests:
         entry: dict[str, Any] = {
             "name": sub.name,
-            "deviceClassName": device_class,
+            "deviceClassName": _device_class(sub.vendor, device_class),
             "count": count,
         }
         if sub.selectors:
@@ -286,10 +314,22 @@ def claim_template(
         "requests": [{"name": REQUEST_NAME, "firstAvailable": first_available}]
     }
     if count > 1:
-        # Every device of the claim the same product: one variant fits all of them.
-        devices["constraints"] = [
-            {"requests": [REQUEST_NAME], "matchAttribute": HOMOGENEOUS_ATTRIBUTE}
-        ]
+        # Every device of the claim the same product: one variant fits all of them. One
+        # constraint per vendor, on that vendor's subrequests: a device lacking the
+        # attribute would fail another vendor's constraint.
+        by_vendor: dict[str, list[str]] = {}
+        for sub in plan.subrequests:
+            by_vendor.setdefault(sub.vendor, []).append(f"{REQUEST_NAME}/{sub.name}")
+        if len(by_vendor) == 1:
+            vendor = next(iter(by_vendor))
+            devices["constraints"] = [
+                {"requests": [REQUEST_NAME], "matchAttribute": _homogeneous(vendor)}
+            ]
+        else:
+            devices["constraints"] = [
+                {"requests": names, "matchAttribute": _homogeneous(vendor)}
+                for vendor, names in by_vendor.items()
+            ]
     annotations = {
         f"{ANNOTATION_PREFIX}/subrequests": json.dumps(
             {sub.name: list(sub.members) for sub in plan.subrequests}, separators=(",", ":")
@@ -303,3 +343,17 @@ def claim_template(
         "metadata": {"name": name, "annotations": annotations},
         "spec": {"spec": {"devices": devices}},
     }
+
+
+def _device_class(vendor: str, default_class: str) -> str:
+    if vendor == DEFAULT_VENDOR:
+        return default_class
+    dra = vendors.for_namespace(vendor).dra
+    assert dra is not None, "a subrequest's vendor has a DRA mapping"
+    return dra.device_class
+
+
+def _homogeneous(vendor: str) -> str:
+    dra = vendors.for_namespace(vendor).dra
+    assert dra is not None, "a subrequest's vendor has a DRA mapping"
+    return dra.homogeneous_attribute

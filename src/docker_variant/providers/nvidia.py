@@ -1,7 +1,8 @@
 """The ``nvidia`` namespace (SPEC section 4): NVML first, ``nvidia-smi`` as the fallback.
 
-The lists are exactly those of the wheelnext NVIDIA variant provider so that a variant image
-is chosen the way pip/uv choose a variant wheel on the same host. Besides the host aggregate
+The lists are exactly those of the wheelnext NVIDIA variant provider (``vendors.nvidia``
+computes them) so that a variant image is chosen the way pip/uv choose a variant wheel on
+the same host. Besides the host aggregate
 (what pip/uv see) each GPU gets its own lists, keyed by UUID, for schedulers.
 """
 
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from docker_variant.errors import InvalidInputError
+from docker_variant.numbers import DIGITS, is_number
+from docker_variant.vendors import nvidia as rules
 
 __all__ = [
     "CUDA_ENV",
@@ -34,14 +37,15 @@ __all__ = [
 CUDA_ENV = "NV_VARIANT_PROVIDER_FORCE_CUDA_DRIVER_VERSION"
 SM_ARCH_ENV = "NV_VARIANT_PROVIDER_FORCE_SM_ARCH"
 
-# The wheelnext provider's catalogue: CUDA majors 15..11 with minors 20..0.
-_MAJORS = range(11, 16)
-_MINORS = range(21)
-_MAX_MAJOR, _MIN_MAJOR, _MAX_MINOR = max(_MAJORS), min(_MAJORS), max(_MINORS)
-# A *detected* driver outside this range disables the namespace (wheelnext does the same);
-# an override is taken as given.
-_DETECTED_RANGE = ((_MIN_MAJOR, 0), (_MAX_MAJOR, _MAX_MINOR))
-_MIN_SM = (5, 0)  # wheelnext omits sm_arch below Maxwell
+# A *detected* driver outside the provider's catalogue disables the namespace (wheelnext does
+# the same); an override is taken as given.
+_DETECTED_RANGE = ((rules.MIN_MAJOR, 0), (rules.MAX_MAJOR, rules.MAX_MINOR))
+
+# The lists themselves are the vendor's rules; the provider only detects.
+cuda_lower_bounds = rules.cuda_lower_bounds
+cuda_upper_bounds = rules.cuda_upper_bounds
+sm_arch_values = rules.sm_arch_values
+nvidia_features = rules.supported_features
 
 SMI_QUERY = [
     "nvidia-smi",
@@ -51,9 +55,9 @@ SMI_QUERY = [
 SMI_DETAILS = ["nvidia-smi", "-q"]
 _SMI_TIMEOUT_S = 10.0
 
-_VERSION_RE = re.compile(r"([0-9]+)\.([0-9]+)")
+_VERSION_RE = re.compile(rf"({DIGITS})\.({DIGITS})")
 _SMI_CUDA_RE = re.compile(
-    r"^[ \t]*CUDA Version[ \t]*:[ \t]*([0-9]+)\.([0-9]+)[ \t\r]*$", re.MULTILINE
+    rf"^[ \t]*CUDA Version[ \t]*:[ \t]*({DIGITS})\.({DIGITS})[ \t\r]*$", re.MULTILINE
 )
 _UUID_RE = re.compile(r"GPU-[0-9a-fA-F-]+")
 
@@ -79,60 +83,6 @@ class NvidiaSystem:
 class NvidiaReport:
     host: dict[str, list[str]]  # features of the nvidia namespace, as pip/uv see them
     devices: dict[str, dict[str, dict[str, list[str]]]]  # GPU UUID -> {"nvidia": features}
-
-
-# --------------------------------------------------------------------------- lists
-
-
-def _value(major: int, minor: int | None) -> str:
-    return f"{major}" if minor is None else f"{major}.{minor}"
-
-
-def cuda_lower_bounds(cuda: tuple[int, int]) -> list[str]:
-    """Every ``v <= cuda``, newest first; a bare major follows its minors (``"12"`` is 12.0)."""
-    major, minor = cuda
-    values: list[str] = []
-    # Same loop bounds as wheelnext, so forced versions outside 11..15 behave identically.
-    for m in range(major, _MIN_MAJOR - 1, -1):
-        top = minor if m == major else _MAX_MINOR
-        values.extend(_value(m, n) for n in range(top, -1, -1))
-        values.append(_value(m, None))
-    return values
-
-
-def cuda_upper_bounds(cuda: tuple[int, int]) -> list[str]:
-    """Every ``v > cuda`` from ``"15.20"`` down; no bare ``major`` of ``cuda`` (it means major.0)."""
-    major, minor = cuda
-    values: list[str] = []
-    for m in range(_MAX_MAJOR, major - 1, -1):
-        if m > major:
-            values.extend(_value(m, n) for n in range(_MAX_MINOR, -1, -1))
-            values.append(_value(m, None))
-        else:
-            values.extend(_value(m, n) for n in range(_MAX_MINOR, minor, -1))
-    return values
-
-
-def sm_arch_values(cc: tuple[int, int]) -> list[str]:
-    """``Mm_real`` down to ``M0_real``, then ``M0_virtual`` (the CMake arch flags that run here)."""
-    major, minor = cc
-    return [*(f"{major}{n}_real" for n in range(minor, -1, -1)), f"{major}0_virtual"]
-
-
-def nvidia_features(
-    cuda: tuple[int, int] | None, cc: tuple[int, int] | None
-) -> dict[str, list[str]]:
-    """The namespace's supported lists in wheelnext's feature order; unknown inputs are left out."""
-    features: dict[str, list[str]] = {}
-    if cuda is not None:
-        # wheelnext drops a bound whose list comes out empty (forced versions beyond 11..15).
-        if lower := cuda_lower_bounds(cuda):
-            features["cuda_version_lower_bound"] = lower
-        if upper := cuda_upper_bounds(cuda):
-            features["cuda_version_upper_bound"] = upper
-    if cc is not None and cc >= _MIN_SM:
-        features["sm_arch"] = sm_arch_values(cc)
-    return features
 
 
 # --------------------------------------------------------------------------- NVML
@@ -232,12 +182,7 @@ def _parse_smi_gpu(line: str) -> tuple[Gpu, str] | None:
     index, uuid, *name_parts, cap, driver = fields
     name = ", ".join(name_parts)
     cc = _parse_version(cap)
-    if (
-        not (index.isascii() and index.isdigit())
-        or not _UUID_RE.fullmatch(uuid)
-        or not name
-        or cc is None
-    ):
+    if not is_number(index) or not _UUID_RE.fullmatch(uuid) or not name or cc is None:
         return None
     if not driver or not driver[0].isdigit():
         return None
@@ -277,7 +222,8 @@ def _override(env: Mapping[str, str], name: str) -> Version | None:
         return None  # an empty override counts as unset, as in wheelnext
     version = _parse_version(raw)
     if version is None:
-        raise InvalidInputError(f"{name}={raw!r} is not a version of the form MAJOR.MINOR")
+        shown = raw if len(raw) <= 60 else raw[:57] + "..."
+        raise InvalidInputError(f"{name}={shown!r} is not a version of the form MAJOR.MINOR")
     return version
 
 

@@ -1,13 +1,13 @@
 """The variant model: properties, variants and host supported lists.
 
-The grammar is variantlib's (PEP 825); this module only adds the checks SPEC section 2
-makes on top of it (label length, multi-value features) and error messages that name
-the offending value and the rule, so a person can fix it.
+The grammar is variantlib's (PEP 825); this module only adds the checks of the variant
+model on top of it (label length, multi-value features, the value forms of the built-in
+namespaces, which ``vendors`` holds) and error messages that name the offending value and
+the rule, so a person can fix it.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,13 +22,13 @@ from variantlib.constants import (
 )
 from variantlib.models.variant import VariantDescription, VariantProperty
 
+from docker_variant import vendors
 from docker_variant.errors import InvalidInputError
 
 __all__ = [
     "ACCELERATOR_FIRST_CPU_NAMESPACES",
     "MAX_LABEL_LENGTH",
     "NULL_LABEL",
-    "NVIDIA_FEATURES",
     "Property",
     "SupportedLists",
     "Variant",
@@ -47,31 +47,7 @@ MAX_LABEL_LENGTH = 64
 SupportedLists = dict[str, dict[str, list[str]]]
 
 #: CPU namespaces rank after accelerator namespaces when no image states an order.
-ACCELERATOR_FIRST_CPU_NAMESPACES = frozenset({"x86_64", "aarch64"})
-
-#: The NVIDIA provider's features, in its own order.
-NVIDIA_FEATURES = ("cuda_version_lower_bound", "cuda_version_upper_bound", "sm_arch")
-
-# What the built-in providers declare (SPEC section 4). Only these features may carry
-# several values; features of namespaces without a built-in provider are taken as declared.
-_BUILTIN_FEATURES: dict[str, frozenset[str] | None] = {
-    "nvidia": frozenset(NVIDIA_FEATURES),
-    "x86_64": None,  # the plugin's flag list changes between releases: not checked here
-    "aarch64": None,
-}
-_MULTI_VALUE_FEATURES = frozenset({("nvidia", "sm_arch")})
-# Value forms the built-in providers can ever report: anything else never matches a host,
-# so it is a mistake worth refusing at build and push time rather than a silent miss.
-_CUDA_VERSION = (re.compile(r"[0-9]+(\.[0-9]+)?"), "a CUDA version such as 12.8 or 13")
-_BUILTIN_VALUES: dict[tuple[str, str], tuple[re.Pattern[str], str]] = {
-    ("nvidia", "cuda_version_lower_bound"): _CUDA_VERSION,
-    ("nvidia", "cuda_version_upper_bound"): _CUDA_VERSION,
-    ("nvidia", "sm_arch"): (
-        re.compile(r"[0-9]+_(real|virtual)"),
-        "an architecture such as 90_real or 90_virtual",
-    ),
-    ("x86_64", "level"): (re.compile(r"v[1-4]"), "a microarchitecture level v1, v2, v3 or v4"),
-}
+ACCELERATOR_FIRST_CPU_NAMESPACES = vendors.CPU_NAMESPACES
 
 
 @dataclass(frozen=True, order=True)
@@ -132,28 +108,8 @@ def _check_feature_values(namespace: str, feature: str, values: list[str], where
         raise InvalidInputError(
             f"{where}: {namespace} :: {feature} repeats a value in {','.join(values)}"
         )
-    known = _BUILTIN_FEATURES.get(namespace)
-    if known is not None and feature not in known:
-        raise InvalidInputError(
-            f"{where}: {namespace} :: {feature} is not a feature of the {namespace} provider "
-            f"(it knows {', '.join(sorted(known))})"
-        )
-    if rule := _BUILTIN_VALUES.get((namespace, feature)):
-        pattern, expected = rule
-        for value in values:
-            if pattern.fullmatch(value) is None:
-                raise InvalidInputError(
-                    f"{where}: {namespace} :: {feature} value {value!r} is not {expected}"
-                )
-    if (
-        len(values) > 1
-        and namespace in _BUILTIN_FEATURES
-        and (namespace, feature) not in _MULTI_VALUE_FEATURES
-    ):
-        raise InvalidInputError(
-            f"{where}: {namespace} :: {feature} takes one value, got {','.join(values)} "
-            f"(only features the provider declares multi-value may carry several)"
-        )
+    # the vendor's rules: its features, value forms, which features take several values
+    vendors.for_namespace(namespace).check_feature_values(feature, values, where)
 
 
 @dataclass(frozen=True)

@@ -2,88 +2,29 @@
 
 ``docker-variant k8s claim`` orders its DRA subrequests, and the scheduler breaks ties
 between feasible variants, by how the variants rank on this host: the newest build wins.
-"Newest" follows the providers' own value order: CUDA versions numerically (``12.0`` before
-the bare ``12``), ``sm_arch`` by major, ``real`` before ``virtual``, then minor; any other
-feature in descending natural order (``v4`` before ``v3``).
+"Newest" is each namespace's own value order, as its vendor module states it
+(``vendors.for_namespace(ns).newest_first``): CUDA versions numerically, ``sm_arch`` by
+major, ``real`` before ``virtual``, then minor; gfx targets and ROCm releases numerically;
+any other feature in descending natural order (``v4`` before ``v3``).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
+from docker_variant import vendors
 from docker_variant.variant.index import VariantIndex
-from docker_variant.variant.model import NVIDIA_FEATURES, SupportedLists
+from docker_variant.variant.model import SupportedLists
 
 __all__ = ["cuda_value", "newest_first", "sm_arch_value", "virtual_host"]
 
-
-_NUMBER = r"(0|[1-9][0-9]*)"  # as the provider writes numbers: no leading zeros
-_CUDA_RE = re.compile(rf"{_NUMBER}(?:\.{_NUMBER})?")
-_SM_RE = re.compile(r"([1-9][0-9]*)([0-9])_(real|virtual)")
-_DIGITS_RE = re.compile(r"([0-9]+)")
-
-# Features in the order their providers list them; the rest alphabetically.
-_FEATURE_ORDER: dict[str, tuple[str, ...]] = {
-    "nvidia": NVIDIA_FEATURES,
-    "x86_64": ("level",),
-    "aarch64": ("version",),
-}
-
-
-def cuda_value(value: str) -> tuple[int, int, bool] | None:
-    """``"12.8"`` -> (12, 8, True); ``"12"`` -> (12, 0, False): a bare major means major.0."""
-    match = _CUDA_RE.fullmatch(value)
-    if match is None:
-        return None
-    return int(match[1]), int(match[2] or 0), match[2] is not None
-
-
-def sm_arch_value(value: str) -> tuple[int, int, bool] | None:
-    """``"90_real"`` -> (9, 0, True); ``"120_virtual"`` -> (12, 0, False)."""
-    match = _SM_RE.fullmatch(value)
-    if match is None:
-        return None
-    return int(match[1]), int(match[2]), match[3] == "real"
-
-
-def _natural(value: str) -> tuple[tuple[int, int, str], ...]:
-    return tuple(
-        (1, int(part), "") if part.isdigit() else (0, 0, part)
-        for part in _DIGITS_RE.split(value)
-        if part
-    )
+cuda_value = vendors.nvidia.cuda_value
+sm_arch_value = vendors.nvidia.sm_arch_value
 
 
 def newest_first(namespace: str, feature: str, values: Iterable[str]) -> list[str]:
-    """``values`` most preferred first, as the providers order them.
-
-    CUDA versions compare numerically, ``12.0`` before the bare ``12`` (wheelnext lists a bare
-    major after its minors); ``sm_arch`` by major, then ``real`` before ``virtual``, then minor
-    (``100_real, 90_real, 90_virtual, 89_real``); anything else in descending natural order
-    (``v4`` before ``v3``, ``8.10a`` before ``8.4a``). Values the rule cannot read go last.
-    """
-    unique = list(dict.fromkeys(values))
-    if namespace != "nvidia" or feature not in NVIDIA_FEATURES:
-        return sorted(unique, key=_natural, reverse=True)
-    known: list[tuple[tuple[int, int, int], str]] = []
-    unknown: list[str] = []
-    for value in unique:
-        key = _nvidia_key(feature, value)
-        if key is None:
-            unknown.append(value)
-        else:
-            known.append((key, value))
-    known.sort(key=lambda item: item[0], reverse=True)
-    return [value for _, value in known] + unknown
-
-
-def _nvidia_key(feature: str, value: str) -> tuple[int, int, int] | None:
-    if feature == "sm_arch":
-        sm = sm_arch_value(value)
-        return None if sm is None else (sm[0], int(sm[2]), sm[1])
-    cuda = cuda_value(value)
-    return None if cuda is None else (cuda[0], cuda[1], int(cuda[2]))
+    """``values`` most preferred first, as the namespace's provider orders them."""
+    return vendors.for_namespace(namespace).newest_first(feature, values)
 
 
 def virtual_host(index: VariantIndex) -> SupportedLists:
@@ -97,7 +38,13 @@ def virtual_host(index: VariantIndex) -> SupportedLists:
     host: SupportedLists = {}
     for namespace in sorted(collected):
         features = collected[namespace]
-        known = _FEATURE_ORDER.get(namespace, ())
-        order = [f for f in known if f in features] + sorted(f for f in features if f not in known)
-        host[namespace] = {f: newest_first(namespace, f, features[f]) for f in order}
+        rules = vendors.for_namespace(namespace)
+        order = _feature_order(namespace, rules.feature_order(features))
+        host[namespace] = {f: rules.newest_first(f, features[f]) for f in order}
     return host
+
+
+def _feature_order(namespace: str, order: list[str]) -> list[str]:
+    """CPU plugins fix no feature list, but list their level (or version) first."""
+    first = [f for f in vendors.cpu.FEATURE_ORDER.get(namespace, ()) if f in order]
+    return first + [f for f in order if f not in first]

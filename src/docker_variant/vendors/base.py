@@ -1,0 +1,136 @@
+"""What every vendor module gives: the rules of one namespace, in one shape.
+
+A ``NamespaceRules`` answers the questions every layer asks of a namespace: which features
+it has (and in which order its provider lists them), which may carry several values, what a
+value must look like, and how values order newest first. ``natural_key`` is the order of
+namespaces without rules of their own; it compares digit runs by their digits, never
+turning them into ints, so a 5,000-digit value orders like any other.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from docker_variant.errors import InvalidInputError, one_line
+
+__all__ = [
+    "DraMapping",
+    "NamespaceRules",
+    "OrderKey",
+    "ValueRule",
+    "natural_key",
+    "newest_first_natural",
+]
+
+#: A value's sort key (greater = newer) or ``None`` when the rule cannot read it.
+OrderKey = Callable[[str, str], "tuple[int, ...] | None"]
+
+_RUNS = re.compile(r"([0-9]+)")
+
+
+def natural_key(value: str) -> tuple[tuple[int, int, str], ...]:
+    """``v10`` after ``v9``, ``8.10a`` after ``8.4a``: digit runs compare by value (length
+    without leading zeros, then digits), text runs as text, digits after text."""
+    key: list[tuple[int, int, str]] = []
+    for part in _RUNS.split(value):
+        if not part:
+            continue
+        if part.isdigit():
+            digits = part.lstrip("0") or "0"
+            key.append((1, len(digits), digits))
+        else:
+            key.append((0, 0, part))
+    return tuple(key)
+
+
+def newest_first_natural(values: Iterable[str]) -> list[str]:
+    return sorted(dict.fromkeys(values), key=natural_key, reverse=True)
+
+
+@dataclass(frozen=True)
+class ValueRule:
+    """The form every value of one feature has; ``expected`` says it in words."""
+
+    pattern: re.Pattern[str]
+    expected: str
+
+    def check(self, namespace: str, feature: str, value: str, where: str) -> str:
+        if self.pattern.fullmatch(value) is None:
+            prefix = f"{where}: " if where else ""
+            raise InvalidInputError(
+                f"{prefix}{namespace} :: {feature} value {one_line(value, 80)!r} "
+                f"is not {self.expected}"
+            )
+        return value
+
+
+@dataclass(frozen=True)
+class DraMapping:
+    """How the namespace's properties read on a Kubernetes DRA driver's devices.
+
+    ``guard(feature)`` is the ``has(...)`` test of the attribute a feature reads (``None``:
+    the feature has no device attribute); ``clauses(feature, values, limit)`` gives the
+    alternatives (OR-ed) a device may satisfy, newest first, at most ``limit``, and the values
+    left out beyond it. A value no device can have gives no alternative.
+    """
+
+    device_class: str
+    homogeneous_attribute: str  # ``matchAttribute`` keeping a claim's devices alike
+    guard: Callable[[str], str | None]
+    clauses: Callable[[str, Sequence[str], int], tuple[list[str], list[str]]]
+
+
+@dataclass(frozen=True)
+class NamespaceRules:
+    """One namespace's rules. ``features`` is ``None`` where the provider's feature list is
+    not fixed (a CPU plugin's flags change between releases): any feature is accepted."""
+
+    namespace: str
+    features: tuple[str, ...] | None
+    multi_value: frozenset[str] = frozenset()
+    values: Mapping[str, ValueRule] = field(default_factory=dict)
+    order_key: OrderKey | None = None
+    builtin: bool = True
+    dra: DraMapping | None = None
+
+    def check_feature_values(self, feature: str, values: list[str], where: str) -> None:
+        """Raise ``InvalidInputError`` naming the value and the rule a variant breaks."""
+        ns = self.namespace
+        if self.features is not None and feature not in self.features:
+            raise InvalidInputError(
+                f"{where}: {ns} :: {feature} is not a feature of the {ns} provider "
+                f"(it knows {', '.join(sorted(self.features))})"
+            )
+        if rule := self.values.get(feature):
+            for value in values:
+                rule.check(ns, feature, value, where)
+        if len(values) > 1 and self.builtin and feature not in self.multi_value:
+            raise InvalidInputError(
+                f"{where}: {ns} :: {feature} takes one value, got {','.join(values)} "
+                f"(only features the provider declares multi-value may carry several)"
+            )
+
+    def feature_order(self, features: Iterable[str]) -> list[str]:
+        """``features`` in the provider's order; features it does not name alphabetically."""
+        present = list(dict.fromkeys(features))
+        known = [f for f in self.features or () if f in present]
+        return known + sorted(f for f in present if f not in known)
+
+    def newest_first(self, feature: str, values: Iterable[str]) -> list[str]:
+        """``values`` most preferred first, as the provider orders them; values its rule
+        cannot read go last, in natural order."""
+        unique = list(dict.fromkeys(values))
+        if self.order_key is None:
+            return newest_first_natural(unique)
+        known: list[tuple[tuple[int, ...], str]] = []
+        unknown: list[str] = []
+        for value in unique:
+            key = self.order_key(feature, value)
+            if key is None:
+                unknown.append(value)
+            else:
+                known.append((key, value))
+        known.sort(key=lambda item: item[0], reverse=True)
+        return [value for _, value in known] + newest_first_natural(unknown)

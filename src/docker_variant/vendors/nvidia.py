@@ -1,0 +1,330 @@
+"""NVIDIA: the ``nvidia`` namespace's rules, everywhere they are asked.
+
+The features and values are the wheelnext NVIDIA provider's, so that a variant image is
+chosen the way pip/uv choose a variant wheel on the same host:
+
+- ``cuda_version_lower_bound :: v`` (needs CUDA >= v): a driver of CUDA D lists every
+  v <= D, newest first, over majors 15..11 and minors 20..0, each major followed by its bare
+  major (``12`` is 12.0);
+- ``cuda_version_upper_bound :: v`` (needs CUDA < v): every v > D from ``15.20`` down;
+- ``sm_arch`` (multi-value): a GPU of compute capability M.m lists ``Mm_real`` ...
+  ``M0_real``, then ``M0_virtual``.
+
+What code runs where (for checking an image's binaries against its labels): a cubin for
+sm_XY runs on capability X.Z with Z >= Y (same major); PTX for compute_XY is JIT-compiled on
+any capability >= X.Y.
+
+The NVIDIA DRA driver (``gpu.nvidia.com``) publishes ``cudaDriverVersion`` (e.g. ``12.8.0``)
+and ``cudaComputeCapability`` (e.g. ``9.0.0``) on every GPU: ``dra_clause`` maps one value
+onto them, so a device passes a variant's selectors exactly when a host with that device and
+driver lists every feature the variant names.
+
+Every number is read through a bounded pattern (``numbers.DIGITS``): a value of thousands
+of digits is refused as bad input, never turned into an int.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from docker_variant.numbers import DIGITS
+from docker_variant.vendors.base import DraMapping, NamespaceRules, ValueRule
+
+__all__ = [
+    "DRA_DOMAIN",
+    "FEATURES",
+    "HOMOGENEOUS_ATTRIBUTE",
+    "NAMESPACE",
+    "RULES",
+    "Arch",
+    "capability_of",
+    "cubin_runs_on",
+    "cuda_lower_bounds",
+    "cuda_upper_bounds",
+    "cuda_value",
+    "device_runs",
+    "dra_clause",
+    "dra_clauses",
+    "dra_guard",
+    "driver_branch",
+    "least_device",
+    "newest_first",
+    "product_name",
+    "ptx_runs_on",
+    "sm_arch_value",
+    "sm_arch_values",
+    "supported_features",
+]
+
+NAMESPACE = "nvidia"
+FEATURES = ("cuda_version_lower_bound", "cuda_version_upper_bound", "sm_arch")
+Arch = tuple[int, int]
+
+# The wheelnext provider's catalogue: CUDA majors 15..11 with minors 20..0.
+MAJORS = range(11, 16)
+MINORS = range(21)
+MAX_MAJOR, MIN_MAJOR, MAX_MINOR = max(MAJORS), min(MAJORS), max(MINORS)
+MIN_SM: Arch = (5, 0)  # wheelnext omits sm_arch below Maxwell
+
+_NUMBER = r"(0|[1-9][0-9]{0,8})"  # as the provider writes numbers: no leading zeros, bounded
+_CUDA_RE = re.compile(rf"{_NUMBER}(?:\.{_NUMBER})?")
+_SM_RE = re.compile(r"([1-9][0-9]{0,7})([0-9])_(real|virtual)")
+_CUDA_RULE = ValueRule(re.compile(rf"{DIGITS}(\.{DIGITS})?"), "a CUDA version such as 12.8 or 13")
+_SM_RULE = ValueRule(
+    re.compile(rf"{DIGITS}_(real|virtual)"), "an architecture such as 90_real or 90_virtual"
+)
+
+# REFERENCE: compute capability -> products.
+_PRODUCTS: dict[Arch, str] = {
+    (7, 0): "V100",
+    (7, 5): "T4",
+    (8, 0): "A100",
+    (8, 6): "A10, A40, RTX 30",
+    (8, 9): "L4, L40S, RTX 40",
+    (9, 0): "H100, H200, GH200",
+    (10, 0): "B200, GB200",
+    (10, 3): "B300, GB300",
+    (12, 0): "RTX 50, RTX PRO 6000",
+}
+# A driver branch's highest CUDA version.
+_BRANCHES = {
+    (12, 2): "R535",
+    (12, 4): "R550",
+    (12, 6): "R560",
+    (12, 8): "R570",
+    (12, 9): "R575",
+    (13, 0): "R580",
+}
+
+
+# --------------------------------------------------------------------------- values
+
+
+def cuda_value(value: str) -> tuple[int, int, bool] | None:
+    """``"12.8"`` -> (12, 8, True); ``"12"`` -> (12, 0, False): a bare major means major.0."""
+    match = _CUDA_RE.fullmatch(value)
+    if match is None:
+        return None
+    return int(match[1]), int(match[2] or 0), match[2] is not None
+
+
+def sm_arch_value(value: str) -> tuple[int, int, bool] | None:
+    """``"90_real"`` -> (9, 0, True); ``"120_virtual"`` -> (12, 0, False)."""
+    match = _SM_RE.fullmatch(value)
+    if match is None:
+        return None
+    return int(match[1]), int(match[2]), match[3] == "real"
+
+
+def _order_key(feature: str, value: str) -> tuple[int, ...] | None:
+    """Newest first: CUDA versions numerically, ``12.0`` before the bare ``12``; ``sm_arch``
+    by major, then ``real`` before ``virtual``, then minor (``100_real, 90_real, 90_virtual,
+    89_real``)."""
+    if feature == "sm_arch":
+        sm = sm_arch_value(value)
+        return None if sm is None else (sm[0], int(sm[2]), sm[1])
+    if feature in ("cuda_version_lower_bound", "cuda_version_upper_bound"):
+        cuda = cuda_value(value)
+        return None if cuda is None else (cuda[0], cuda[1], int(cuda[2]))
+    return None
+
+
+# --------------------------------------------------------------------------- host lists
+
+
+def _text(major: int, minor: int | None) -> str:
+    return f"{major}" if minor is None else f"{major}.{minor}"
+
+
+def cuda_lower_bounds(cuda: tuple[int, int]) -> list[str]:
+    """Every ``v <= cuda``, newest first; a bare major follows its minors (``"12"`` is 12.0)."""
+    major, minor = cuda
+    values: list[str] = []
+    # Same loop bounds as wheelnext, so forced versions outside 11..15 behave identically.
+    for m in range(major, MIN_MAJOR - 1, -1):
+        top = minor if m == major else MAX_MINOR
+        values.extend(_text(m, n) for n in range(top, -1, -1))
+        values.append(_text(m, None))
+    return values
+
+
+def cuda_upper_bounds(cuda: tuple[int, int]) -> list[str]:
+    """Every ``v > cuda`` from ``"15.20"`` down; no bare ``major`` of ``cuda`` (it means major.0)."""
+    major, minor = cuda
+    values: list[str] = []
+    for m in range(MAX_MAJOR, major - 1, -1):
+        if m > major:
+            values.extend(_text(m, n) for n in range(MAX_MINOR, -1, -1))
+            values.append(_text(m, None))
+        else:
+            values.extend(_text(m, n) for n in range(MAX_MINOR, minor, -1))
+    return values
+
+
+def sm_arch_values(cc: Arch) -> list[str]:
+    """``Mm_real`` down to ``M0_real``, then ``M0_virtual`` (the CMake arch flags that run here)."""
+    major, minor = cc
+    return [*(f"{major}{n}_real" for n in range(minor, -1, -1)), f"{major}0_virtual"]
+
+
+def supported_features(cuda: tuple[int, int] | None, cc: Arch | None) -> dict[str, list[str]]:
+    """The namespace's lists for a driver of CUDA ``cuda`` and a GPU of capability ``cc``,
+    in wheelnext's feature order; unknown inputs are left out."""
+    features: dict[str, list[str]] = {}
+    if cuda is not None:
+        # wheelnext drops a bound whose list comes out empty (forced versions beyond 11..15).
+        if lower := cuda_lower_bounds(cuda):
+            features["cuda_version_lower_bound"] = lower
+        if upper := cuda_upper_bounds(cuda):
+            features["cuda_version_upper_bound"] = upper
+    if cc is not None and cc >= MIN_SM:
+        features["sm_arch"] = sm_arch_values(cc)
+    return features
+
+
+def device_runs(feature: str, value: str, cuda: tuple[int, int], cc: Arch) -> bool:
+    """Whether a GPU of capability ``cc`` on a driver of CUDA ``cuda`` lists ``value``."""
+    return value in supported_features(cuda, cc).get(feature, ())
+
+
+# --------------------------------------------------------------------------- binaries
+
+
+def cubin_runs_on(cubin: Arch, device: Arch) -> bool:
+    """A cubin for sm_XY runs on capability X.Z with Z >= Y."""
+    return cubin[0] == device[0] and cubin[1] <= device[1]
+
+
+def ptx_runs_on(ptx: Arch, device: Arch) -> bool:
+    """PTX for compute_XY is JIT-compiled on any capability >= X.Y."""
+    return ptx <= device
+
+
+def least_device(value: str) -> Arch | None:
+    """The least capable GPU whose host lists the ``sm_arch`` value (``89_real`` -> 8.9)."""
+    sm = sm_arch_value(value)
+    return None if sm is None else (sm[0], sm[1])
+
+
+# --------------------------------------------------------------------------- names
+
+
+def product_name(cc: Arch) -> str | None:
+    """The products of compute capability ``cc`` (``(9, 0)`` -> ``H100, H200, GH200``)."""
+    return _PRODUCTS.get(cc)
+
+
+def driver_branch(cuda: tuple[int, int]) -> str | None:
+    """The driver branch whose highest CUDA version is ``cuda`` (``(12, 8)`` -> ``R570``)."""
+    return _BRANCHES.get(cuda)
+
+
+def capability_of(lists: dict[str, list[str]]) -> Arch | None:
+    """The compute capability a device's (or host's) ``nvidia`` lists describe."""
+    for value in lists.get("sm_arch", ()):
+        sm = sm_arch_value(value)
+        if sm is not None and sm[2]:
+            return sm[0], sm[1]
+    return None
+
+
+# --------------------------------------------------------------------------- DRA
+
+DRA_DOMAIN = "gpu.nvidia.com"
+_ATTRIBUTES = f'device.attributes["{DRA_DOMAIN}"]'
+_CUDA_ATTRIBUTE = "cudaDriverVersion"
+_CC_ATTRIBUTE = "cudaComputeCapability"
+HOMOGENEOUS_ATTRIBUTE = f"{DRA_DOMAIN}/productName"
+_GUARDS = {
+    "cuda_version_lower_bound": _CUDA_ATTRIBUTE,
+    "cuda_version_upper_bound": _CUDA_ATTRIBUTE,
+    "sm_arch": _CC_ATTRIBUTE,
+}
+
+
+def _attribute(name: str) -> str:
+    return f"{_ATTRIBUTES}.{name}"
+
+
+def dra_guard(feature: str) -> str | None:
+    """``has(...)`` on the attribute the feature reads; ``None``: no device attribute."""
+    name = _GUARDS.get(feature)
+    return None if name is None else f"has({_attribute(name)})"
+
+
+def _sm_requirement(value: str) -> Arch | None:
+    """(major, lowest minor) of the devices whose host lists ``value``; ``None``: none do."""
+    sm = sm_arch_value(value)
+    if sm is None:
+        return None
+    major, minor, real = sm
+    if not real and minor != 0:
+        return None  # the provider only ever lists M0_virtual
+    return major, minor
+
+
+def dra_clauses(feature: str, values: Sequence[str], limit: int) -> tuple[list[str], list[str]]:
+    """The alternatives (OR-ed) for one feature's values, newest first, at most ``limit``;
+    and the values left out beyond it. ``sm_arch`` values of one major merge into one
+    alternative, the lowest minor's: the same devices, said once."""
+    ordered = newest_first(feature, values)
+    clauses: list[str] = []
+    left_out: list[str] = []
+    if feature == "sm_arch":
+        lowest: dict[int, int] = {}  # major -> lowest minor, majors newest first
+        for value in ordered:
+            requirement = _sm_requirement(value)
+            if requirement is None:
+                continue
+            major, minor = requirement
+            if major not in lowest and len(lowest) == limit:
+                left_out.append(value)
+                continue
+            lowest[major] = min(minor, lowest.get(major, minor))
+        cc = _attribute(_CC_ATTRIBUTE)
+        for major, minor in lowest.items():
+            if minor == 0:
+                clauses.append(f"{cc}.major() == {major}")
+            else:
+                clauses.append(f"{cc}.major() == {major} && {cc}.minor() >= {minor}")
+        return clauses, left_out
+    for value in ordered:
+        clause = dra_clause(feature, value)
+        if clause is None or clause in clauses:
+            continue
+        if len(clauses) == limit:
+            left_out.append(value)
+            continue
+        clauses.append(clause)
+    return clauses, left_out
+
+
+def dra_clause(feature: str, value: str) -> str | None:
+    """One CUDA bound's condition on the device, or ``None`` if no host lists the value."""
+    if feature not in ("cuda_version_lower_bound", "cuda_version_upper_bound"):
+        return None
+    cuda = cuda_value(value)
+    if cuda is None:
+        return None
+    op = ">=" if feature == "cuda_version_lower_bound" else "<"
+    semver = f'semver("{cuda[0]}.{cuda[1]}.0")'
+    return f"{_attribute(_CUDA_ATTRIBUTE)}.compareTo({semver}) {op} 0"
+
+
+def newest_first(feature: str, values: Sequence[str]) -> list[str]:
+    return RULES.newest_first(feature, values)
+
+
+RULES = NamespaceRules(
+    NAMESPACE,
+    FEATURES,
+    multi_value=frozenset({"sm_arch"}),
+    values={
+        "cuda_version_lower_bound": _CUDA_RULE,
+        "cuda_version_upper_bound": _CUDA_RULE,
+        "sm_arch": _SM_RULE,
+    },
+    order_key=_order_key,
+    dra=DraMapping(DRA_DOMAIN, HOMOGENEOUS_ATTRIBUTE, dra_guard, dra_clauses),
+)
