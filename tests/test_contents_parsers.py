@@ -503,10 +503,11 @@ class _GeneratedLayer(io.RawIOBase):
         return True
 
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        while not self._pending:
-            self._pending = next(self._parts, b"")
-            if not self._pending:
+        while not self._pending:  # an empty part (no padding) is not the end
+            part = next(self._parts, None)
+            if part is None:
                 return 0
+            self._pending = part
         n = min(len(buffer), len(self._pending))
         buffer[:n] = self._pending[:n]
         self._pending = self._pending[n:]

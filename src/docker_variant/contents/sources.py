@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
-import json
 import posixpath
-import tarfile
 import tempfile
 import threading
-import zlib
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 from docker_variant.contents.evidence import env_finding
+from docker_variant.contents.tarstream import TarLimits, open_tar
 from docker_variant.contents.walker import (
     ContentsError,
     ImageContents,
@@ -30,7 +27,8 @@ from docker_variant.contents.walker import (
     merge_layers,
     scan_layer,
 )
-from docker_variant.errors import InvalidInputError
+from docker_variant.errors import InvalidInputError, UnreachableError
+from docker_variant.jsondoc import load_json
 
 if TYPE_CHECKING:
     from docker_variant.docker.engine import Engine
@@ -48,6 +46,8 @@ __all__ = [
 
 PIPE_LIMIT = 8 << 20
 _MANIFEST_LIMIT = 4 << 20
+# The engine's export is not compressed (no amplification): room for the largest images.
+EXPORT_LIMITS = TarLimits(members=100_000, tar_bytes=1 << 40)
 
 
 class Meter(Protocol):
@@ -94,7 +94,7 @@ def _platform_text(config: Mapping[str, Any]) -> str | None:
 # --------------------------------------------------------------------------- registry
 
 
-class _Pipe(io.RawIOBase):
+class _Pipe:
     """Chunks from the event loop to the walker's thread, at most ``limit`` bytes queued."""
 
     def __init__(self, limit: int = PIPE_LIMIT) -> None:
@@ -105,9 +105,6 @@ class _Pipe(io.RawIOBase):
         self._ended = False
         self._failed = False
         self._reader_gone = False
-
-    def readable(self) -> bool:
-        return True
 
     def put(self, chunk: bytes, timeout: float) -> bool:
         """Queue ``chunk``; False if there was no room within ``timeout`` seconds."""
@@ -133,23 +130,24 @@ class _Pipe(io.RawIOBase):
             self._chunks.clear()
             self._cond.notify_all()
 
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+    def read(self, size: int = -1, /) -> bytes:
+        """At most ``size`` bytes (the next chunk or part of it); ``b""`` at the end."""
         with self._cond:
             self._cond.wait_for(lambda: bool(self._chunks) or self._ended)
             if not self._chunks:
                 if self._failed:
-                    raise OSError("the download of this layer failed")
-                return 0
+                    raise UnreachableError("the download of this layer failed")
+                return b""
             chunk = self._chunks[0]
-            n = min(len(buffer), len(chunk))
-            buffer[:n] = chunk[:n]
+            n = len(chunk) if size < 0 else min(size, len(chunk))
+            data = bytes(chunk[:n])
             if n == len(chunk):
                 self._chunks.popleft()
             else:
                 self._chunks[0] = chunk[n:]
             self._size -= n
             self._cond.notify_all()
-            return n
+            return data
 
 
 async def _scan_blob(
@@ -164,7 +162,7 @@ async def _scan_blob(
 
     def walk() -> LayerScan:
         try:
-            return scan_layer(pipe, digest, spool, meter.advance)  # type: ignore[arg-type]
+            return scan_layer(pipe, digest, spool, meter.advance)
         finally:
             pipe.reader_done()
 
@@ -248,7 +246,7 @@ def inspect_registry(
 # --------------------------------------------------------------------------- engine
 
 
-class _ChunkReader(io.RawIOBase):
+class _ChunkReader:
     """A file over an iterator of byte chunks."""
 
     def __init__(self, chunks: Iterator[bytes], meter: Meter) -> None:
@@ -256,20 +254,17 @@ class _ChunkReader(io.RawIOBase):
         self._pending = memoryview(b"")
         self._meter = meter
 
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+    def read(self, size: int = -1, /) -> bytes:
         while not self._pending:
             chunk = next(self._chunks, None)
             if chunk is None:
-                return 0
+                return b""
             self._pending = memoryview(chunk)
             self._meter.advance(len(chunk))
-        n = min(len(buffer), len(self._pending))
-        buffer[:n] = self._pending[:n]
+        n = len(self._pending) if size < 0 else min(size, len(self._pending))
+        data = bytes(self._pending[:n])
         self._pending = self._pending[n:]
-        return n
+        return data
 
 
 def _outer_name(name: str) -> str:
@@ -297,39 +292,22 @@ def inspect_local(
     links: dict[str, str] = {}
     manifest: Any = None
     with spool_dir() as spool, engine.export_image(ref) as chunks:
-        try:
-            outer = tarfile.open(  # noqa: SIM115 (closed in the finally below)
-                fileobj=io.BufferedReader(_ChunkReader(chunks, meter), 1 << 20),
-                mode="r|",
-                bufsize=1 << 20,
-            )
-        except (tarfile.TarError, OSError, EOFError) as exc:
-            raise ContentsError(f"export of {ref}: not a readable image archive ({exc})") from exc
-        try:
-            for member in outer:
-                name = _outer_name(member.name)
-                if member.issym():
-                    links[name] = _outer_name(
-                        posixpath.join(posixpath.dirname(name), member.linkname)
+        export = open_tar(_ChunkReader(chunks, meter), f"export of {ref}", EXPORT_LIMITS)
+        for member, data in export:
+            name = _outer_name(member.name)
+            if member.issym():
+                links[name] = _outer_name(posixpath.join(posixpath.dirname(name), member.linkname))
+            elif not member.isfile():
+                continue
+            elif name == "manifest.json":
+                if member.size > _MANIFEST_LIMIT:
+                    raise ContentsError(
+                        f"export of {ref}: a manifest.json of {member.size} bytes (the limit "
+                        f"is {_MANIFEST_LIMIT})"
                     )
-                    continue
-                if not member.isfile():
-                    continue
-                handle = outer.extractfile(member)
-                if handle is None:
-                    continue
-                if name == "manifest.json":
-                    manifest = json.loads(handle.read(_MANIFEST_LIMIT))
-                    continue
-                # tarfile's member files (ExFileObject) are buffered readers: peek without
-                # consuming
-                reader = cast("io.BufferedReader[Any]", handle)
-                if looks_like_layer(reader.peek(512)[:512]):
-                    scans[name] = scan_layer(reader, name, spool)
-        except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError) as exc:
-            raise ContentsError(f"export of {ref}: not a readable image archive ({exc})") from exc
-        finally:
-            outer.close()
+                manifest = load_json(data.read(), f"export of {ref}: manifest.json")
+            elif looks_like_layer(data.peek(512)):
+                scans[name] = scan_layer(data, name, spool)
     try:
         layer_names = [_outer_name(str(n)) for n in manifest[0]["Layers"]]
     except (TypeError, KeyError, IndexError) as exc:

@@ -1,26 +1,23 @@
 """The layer walker: streams each layer's tar members once, hands files to the parsers, and
 merges the layers as the image's filesystem shows them (whiteouts applied).
 
-Nothing is extracted. An ELF member is copied into a spooled temp file (in memory up to
-``SPOOL_MEMORY``, then on disk in the caller's temp dir) so that its section table, at the end
-of the file, can be read; other members are skipped as the stream passes. A layer is gzip or a
+Nothing is extracted. Members come from ``tarstream`` (a bounded window: see its bounds). An
+ELF member is copied into a spooled temp file (in memory up to ``SPOOL_MEMORY``, then on disk
+in the caller's temp dir, at most ``MAX_ELF`` bytes) so that its section table, at the end of
+the file, can be read; other members are skipped as the stream passes. A layer is gzip or a
 plain tar; anything else is one ``ContentsError``. A member whose name escapes the root
-(``../../etc/passwd``) or a file the parsers cannot read is skipped with a warning.
+(``../../etc/passwd``), an ELF over ``MAX_ELF`` or a file the parsers cannot read is skipped
+with a warning.
 """
 
 from __future__ import annotations
 
-import io
 import posixpath
-import shutil
-import tarfile
 import tempfile
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
 
 from docker_variant.contents.elf import ELF_MAGIC, ElfError, read_elf
 from docker_variant.contents.evidence import (
@@ -37,9 +34,20 @@ from docker_variant.contents.evidence import (
 )
 from docker_variant.contents.fatbin import FatbinError
 from docker_variant.contents.offload import OffloadError
-from docker_variant.errors import InvalidInputError
+from docker_variant.contents.tarstream import (
+    CHUNK,
+    GZIP_MAGIC,
+    ContentsError,
+    Member,
+    MemberData,
+    Readable,
+    TarLimits,
+    TarStats,
+    open_layer,
+)
 
 __all__ = [
+    "MAX_ELF",
     "SPOOL_MEMORY",
     "ContentsError",
     "ImageContents",
@@ -50,16 +58,10 @@ __all__ = [
 ]
 
 SPOOL_MEMORY = 16 << 20  # an ELF above this goes to a temp file while its headers are read
-_READ_CHUNK = 1 << 20
+MAX_ELF = 4 << 30  # a bigger ELF is skipped with a warning: the spool's bound on disk
 _MAX_SYMLINK_HOPS = 40  # Linux's ELOOP limit
-_GZIP_MAGIC = b"\x1f\x8b"
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 ProgressCallback = Callable[[int], None]
-
-
-class ContentsError(InvalidInputError):
-    """A layer that cannot be read as a tar archive (exit code 2)."""
 
 
 @dataclass
@@ -75,6 +77,7 @@ class LayerScan:
     hardlinks: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     bytes_read: int = 0
+    tar: TarStats = field(default_factory=TarStats)  # what reading the stream cost
 
 
 @dataclass(frozen=True)
@@ -95,25 +98,21 @@ class ImageContents:
         return ImageContents((*self.findings, finding), self.warnings, self.layers, self.bytes_read)
 
 
-class _Counting(io.RawIOBase):
+class _Counting:
     """Counts the (compressed) bytes read from ``raw``, for progress."""
 
-    def __init__(self, raw: IO[bytes], on_bytes: ProgressCallback | None) -> None:
+    def __init__(self, raw: Readable, on_bytes: ProgressCallback | None) -> None:
         self._raw = raw
         self._on_bytes = on_bytes
         self.count = 0
 
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        data = self._raw.read(len(buffer))
+    def read(self, size: int = -1, /) -> bytes:
+        data = self._raw.read(size)
         n = len(data)
-        buffer[:n] = data
         self.count += n
         if self._on_bytes is not None and n:
             self._on_bytes(n)
-        return n
+        return data
 
 
 def normalise(name: str) -> str | None:
@@ -127,75 +126,29 @@ def normalise(name: str) -> str | None:
 
 def looks_like_layer(head: bytes) -> bool:
     """Whether the first 512 bytes of a file start a gzip stream or a tar archive."""
-    return head.startswith(_GZIP_MAGIC) or head[257:262] == b"ustar"
-
-
-def _open_tar(reader: io.BufferedReader[Any], name: str) -> tarfile.TarFile:
-    head = reader.peek(512)[:512]
-    if head.startswith(_GZIP_MAGIC):
-        mode = "r|gz"
-    elif head.startswith(_ZSTD_MAGIC):
-        raise ContentsError(f"layer {name}: zstd-compressed layers are not supported (gzip or tar)")
-    elif head[257:262] == b"ustar":
-        mode = "r|"
-    else:
-        raise ContentsError(
-            f"layer {name}: neither gzip-compressed nor a tar archive "
-            f"(starts with {head[:8].hex()})"
-        )
-    try:
-        return tarfile.open(fileobj=reader, mode=mode, bufsize=_READ_CHUNK)  # type: ignore[call-overload, no-any-return]
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-        raise ContentsError(f"layer {name}: not a readable tar archive ({exc})") from exc
+    return head.startswith(GZIP_MAGIC) or head[257:262] == b"ustar"
 
 
 def scan_layer(
-    stream: IO[bytes],
+    stream: Readable,
     name: str,
     spool_dir: Path | None = None,
     on_bytes: ProgressCallback | None = None,
+    limits: TarLimits | None = None,
 ) -> LayerScan:
-    """Read one layer (gzip or plain tar) from ``stream`` once, front to back."""
+    """Read one layer (gzip or plain tar) from ``stream`` once, front to back, within
+    ``limits`` (``tarstream``'s bounds by default)."""
     counting = _Counting(stream, on_bytes)
-    reader = io.BufferedReader(counting, _READ_CHUNK)
     scan = LayerScan(name)
-    if not reader.peek(1):
-        return scan  # an empty blob: a layer with nothing in it
-    tar = _open_tar(reader, name)
-    try:
-        members = iter(tar)
-        last: tarfile.TarInfo | None = None
-        while True:
-            try:
-                member = next(members)
-            except StopIteration:
-                break
-            except tarfile.ReadError:
-                if last is not None and _only_padding_missing(tar, last):
-                    break  # umoci 0.4 writes layers so: Docker and containerd take them
-                raise
-            _member(tar, member, scan, spool_dir)
-            last = member
-    except ContentsError:
-        raise
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-        raise ContentsError(f"layer {name}: corrupt or truncated tar stream ({exc})") from exc
-    finally:
-        tar.close()
+    tar = open_layer(counting, name, limits)
+    for member, data in tar:
+        _member(member, data, scan, spool_dir)
     scan.bytes_read = counting.count
+    scan.tar = tar.stats
     return scan
 
 
-def _only_padding_missing(tar: tarfile.TarFile, last: tarfile.TarInfo) -> bool:
-    """Whether the stream ended after the last member's data, lacking only its padding to
-    512 bytes and the end-of-archive blocks (a member cut short is still an error)."""
-    reached = getattr(tar.fileobj, "pos", None)  # tarfile's stream: bytes decompressed
-    return isinstance(reached, int) and reached >= last.offset_data + last.size
-
-
-def _member(
-    tar: tarfile.TarFile, member: tarfile.TarInfo, scan: LayerScan, spool_dir: Path | None
-) -> None:
+def _member(member: Member, data: MemberData, scan: LayerScan, spool_dir: Path | None) -> None:
     path = normalise(member.name)
     if path is None:
         scan.warnings.append(
@@ -228,33 +181,38 @@ def _member(
     if named is not None:
         found.append(named)
     if member.isfile() and member.size >= 4:
-        handle = tar.extractfile(member)
-        if handle is not None:
-            if wants_content(path) and member.size <= SMALL_FILE_LIMIT:
-                small = small_file_finding(path, handle.read(SMALL_FILE_LIMIT))
-                if small is not None:
-                    found.append(small)
-            else:
-                head = handle.read(4)
-                if head == ELF_MAGIC:
-                    found.extend(_read_elf_member(handle, head, member.size, path, scan, spool_dir))
+        if wants_content(path) and member.size <= SMALL_FILE_LIMIT:
+            small = small_file_finding(path, data.read(SMALL_FILE_LIMIT))
+            if small is not None:
+                found.append(small)
+        else:
+            head = data.read(4)
+            if head == ELF_MAGIC:
+                found.extend(_read_elf_member(data, head, member.size, path, scan, spool_dir))
     if found:
         scan.findings[path] = found
 
 
 def _read_elf_member(
-    handle: IO[bytes],
+    data: MemberData,
     head: bytes,
     size: int,
     path: str,
     scan: LayerScan,
     spool_dir: Path | None,
 ) -> list[Finding]:
+    if size > MAX_ELF:
+        scan.warnings.append(
+            f"skipped {path}: an ELF file of {size} bytes (inspection reads ELF files of up "
+            f"to {MAX_ELF} bytes)"
+        )
+        return []
     with tempfile.SpooledTemporaryFile(
         max_size=SPOOL_MEMORY, dir=str(spool_dir) if spool_dir else None
     ) as spool:
         spool.write(head)
-        shutil.copyfileobj(handle, spool, _READ_CHUNK)
+        while chunk := data.read(CHUNK):
+            spool.write(chunk)
         try:
             elf = read_elf(spool, size)
             return elf_findings(spool, elf, path)
