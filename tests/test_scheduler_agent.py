@@ -7,20 +7,24 @@ and the scheduler are real processes on 127.0.0.1.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import http.server
 import importlib.util
 import json
 import os
+import queue
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import pytest
@@ -29,7 +33,14 @@ import devstack
 from docker_variant.agent.client import check_scheduler_url
 from docker_variant.agent.health import nvml_health
 from docker_variant.agent.inputs import read_agent_providers_file
-from docker_variant.agent.node import MAX_BACKOFF_S, Agent, AgentSettings, backoff_delay, jittered
+from docker_variant.agent.node import (
+    MAX_BACKOFF_S,
+    Agent,
+    AgentSettings,
+    HeartbeatError,
+    backoff_delay,
+    jittered,
+)
 from docker_variant.errors import InvalidInputError
 from docker_variant.providers import nvidia
 from docker_variant.scheduler import Store
@@ -287,58 +298,97 @@ def test_bad_input_exits_2_with_one_line(
 # --------------------------------------------------------------------------- end to end
 
 
+class Output:
+    """A process's output, line by line as it comes (a reader thread), also kept in a file:
+    a test awaits the line that says something happened instead of polling."""
+
+    def __init__(self, stream: IO[bytes], path: Path) -> None:
+        self.path = path
+        self.ended = False  # the end of the output was taken
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream: IO[bytes]) -> None:
+        with stream, self.path.open("ab") as kept:
+            for raw in iter(stream.readline, b""):
+                kept.write(raw)
+                kept.flush()
+                self._lines.put(raw.decode(errors="replace"))
+        self._lines.put(None)  # the process closed its output
+
+    def text(self) -> str:
+        return self.path.read_text(errors="replace")
+
+    def expect(self, wanted: str, timeout: float = 30) -> str:
+        """The next line (after those already taken) that contains ``wanted``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(deadline - time.monotonic(), 0))
+            except queue.Empty:
+                raise AssertionError(f"no {wanted!r} within {timeout} s: {self.text()}") from None
+            if line is None:
+                self.ended = True
+                raise AssertionError(f"the output ended before {wanted!r}: {self.text()}")
+            if wanted in line:
+                return line
+
+    def expect_end(self, timeout: float = 30) -> None:
+        """Wait until the process has closed its output (all of it is in the file)."""
+        deadline = time.monotonic() + timeout
+        while not self.ended:
+            try:
+                self.ended = self._lines.get(timeout=max(deadline - time.monotonic(), 0)) is None
+            except queue.Empty:
+                raise AssertionError(f"the output is still open after {timeout} s") from None
+
+
+def spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> tuple[Any, Output]:
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+    )
+    assert process.stdout is not None
+    return process, Output(process.stdout, log)
+
+
 def serve(root: Path, port: int) -> devstack.Service:
-    """The scheduler on a given port (a restart must come back where the agent looks)."""
+    """The scheduler on a given port (a restart must come back where the agent looks). Nothing
+    waits for it to listen: the agent retries until it does, and its log says when the
+    scheduler took a heartbeat."""
     argv = [
         sys.executable, "-m", "docker_variant.scheduler", "serve", "--log-level", "warning",
         "--db", f"sqlite:///{root / 'scheduler.db'}", "--listen", f"127.0.0.1:{port}",
     ]  # fmt: skip
-    with (root / "scheduler.log").open("ab") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    service = devstack.Service(
+    process, _ = spawn(argv, root / "scheduler.log")
+    return devstack.Service(
         "variant-scheduler", process, f"127.0.0.1:{port}", root, root / "scheduler.log"
     )
-    wait_for(lambda: _answers(service.url), 20, service.log_tail)
-    return service
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-    except httpx.TransportError:
-        return False
-
-
-def wait_for(
-    condition: Callable[[], object], timeout: float, why: Callable[[], str] = lambda: ""
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout} s: {why()}")
 
 
 class AgentProcess:
+    """``variant-scheduler agent`` as a process; its log lines can be awaited."""
+
     def __init__(self, root: Path, argv: list[str], env: dict[str, str] | None = None) -> None:
-        self.log = root / "agent.log"
-        with self.log.open("wb") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "docker_variant.scheduler", "agent", *argv],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})},
-            )
+        command = [sys.executable, "-m", "docker_variant.scheduler", "agent", *argv]
+        self.process, self.output = spawn(command, root / "agent.log", env)
 
     def text(self) -> str:
-        return self.log.read_text(errors="replace")
+        return self.output.text()
+
+    def expect(self, wanted: str, timeout: float = 30) -> dict[str, Any]:
+        """The agent's next log line whose message contains ``wanted``, as its JSON object
+        (at debug level, httpcore's lines come too)."""
+        while True:
+            entry: dict[str, Any] = json.loads(self.output.expect(wanted, timeout))
+            if entry["logger"] == "docker_variant.agent" and wanted in entry["message"]:
+                return entry
 
     def stop(self) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             self.process.wait(timeout=20)
-        return self.process.returncode
+        self.output.expect_end()
+        return int(self.process.returncode)
 
 
 @pytest.fixture
@@ -364,41 +414,44 @@ def providers_report(path: Path, count: int = 2) -> Path:
 def test_agent_registers_re_registers_and_stops_on_sigterm(
     tmp_path: Path, started: list[Any]
 ) -> None:
-    interval = 10.0  # the agent's Python start-up on a loaded 2-core machine fits well within it
     port = devstack.free_port()
     scheduler = serve(tmp_path, port)
     started.append(scheduler)
     providers = providers_report(tmp_path / "node.json")
     agent = AgentProcess(
         tmp_path,
-        ["--scheduler", scheduler.url, "--providers-file", str(providers),
-         "--interval", str(interval), "--agent-id", "node-a", "--resource-group", "gpu"],
+        ["--scheduler", scheduler.url, "--providers-file", str(providers), "--interval", "1",
+         "--agent-id", "node-a", "--resource-group", "gpu", "--log-level", "debug"],
     )  # fmt: skip
     started.append(agent)
-    # the agent beats at once on start: it is there within one interval of being started
-    view = wait_for(lambda: agents(scheduler.url).get("node-a"), interval, agent.text)
+    # the agent beats at once on start
+    agent.expect("registered with")
+    view = agents(scheduler.url)["node-a"]
     assert view["resource_group"] == "gpu" and view["platform"] == "linux/amd64"
     assert view["devices"]["cuda"]["free"] == ["GPU-0", "GPU-1"]
     # it keeps beating: last_seen moves on
-    wait_for(
-        lambda: agents(scheduler.url)["node-a"]["last_seen"] != view["last_seen"], 2 * interval
-    )
+    agent.expect("heartbeat 2 taken")
+    before = agents(scheduler.url)["node-a"]["last_seen"]
+    assert before != view["last_seen"]
 
     # the scheduler dies and comes back on the same database: the agent re-registers
     scheduler.process.kill()
     scheduler.process.wait()
-    wait_for(lambda: "failed" in agent.text(), 15, agent.text)
+    assert agent.expect("failed")["level"] == "warning"  # an outage, not an error
     scheduler = serve(tmp_path, port)
     started.append(scheduler)
-    restarted = agents(scheduler.url)["node-a"]["last_seen"]
-    wait_for(lambda: agents(scheduler.url)["node-a"]["last_seen"] > restarted, 40, agent.text)
-    assert "re-registered after" in agent.text()
+    agent.expect("re-registered after")
+    assert agents(scheduler.url)["node-a"]["last_seen"] > before
 
     # the operator drops the agent (an empty database would look the same): it comes back
     # with its devices, and a report the scheduler takes in full (its lists) each time
     httpx.delete(f"{scheduler.url}/v1/agents/node-a").raise_for_status()
-    back = wait_for(lambda: agents(scheduler.url).get("node-a"), 40, agent.text)
-    assert back["devices"]["cuda"]["free"] == ["GPU-0", "GPU-1"]
+    back = None
+    for _ in range(3):  # a beat already on its way when the agent was dropped may come first
+        agent.expect("taken")
+        if back := agents(scheduler.url).get("node-a"):
+            break
+    assert back is not None and back["devices"]["cuda"]["free"] == ["GPU-0", "GPU-1"]
     detail = httpx.get(f"{scheduler.url}/v1/agents/node-a").json()
     assert detail["host"] == X86_V3
 
@@ -446,13 +499,11 @@ def test_an_unhealthy_gpu_degrades_the_placement_holding_it(
         "FAKE_NVML_MACHINE": str(path),
         "DOCKER_VARIANT_PROVIDERS_FILE": "",
     }
-    agent = AgentProcess(
-        tmp_path,
-        ["--scheduler", scheduler.url, "--interval", "1", "--agent-id", "gpu-node"],
-        env,
-    )
+    argv = ["--scheduler", scheduler.url, "--interval", "1", "--agent-id", "gpu-node"]
+    agent = AgentProcess(tmp_path, [*argv, "--log-level", "debug"], env)
     started.append(agent)
-    view = wait_for(lambda: agents(scheduler.url).get("gpu-node"), 30, agent.text)
+    agent.expect("registered with")
+    view = agents(scheduler.url)["gpu-node"]
     assert sorted(view["devices"]["nvidia"]["free"]) == sorted(uuids(machine))
     placed = placement(scheduler.url, {"index": INDEX, "nodes": 1, "devices_per_node": 1})
     held = placed["allocations"][0]["devices"][0]
@@ -462,15 +513,16 @@ def test_an_unhealthy_gpu_degrades_the_placement_holding_it(
     sick["devices"][uuids(machine).index(held)]["nvmlDeviceGetTotalEccErrors"] = 1
     write_machine(path, sick)
 
-    def degraded() -> dict[str, Any] | None:
-        document = httpx.get(f"{scheduler.url}/v1/placements/{placed['id']}").json()
-        return document if document.get("state") == "degraded" else None
-
-    document = wait_for(degraded, 30, agent.text)
+    # the next report says so, and once the scheduler has taken it the gang is degraded
+    assert (
+        "uncorrectable ECC error" in agent.expect(f"device nvidia/{held} is unhealthy")["message"]
+    )
+    agent.expect("taken")
+    document = httpx.get(f"{scheduler.url}/v1/placements/{placed['id']}").json()
+    assert document["state"] == "degraded", document
     assert held in document["degraded"]["reason"] and document["degraded"]["since"]
     listed = httpx.get(f"{scheduler.url}/v1/placements", params={"state": "degraded"}).json()
     assert [p["id"] for p in listed["placements"]] == [placed["id"]]
-    assert "uncorrectable ECC error" in agent.text()
 
 
 def test_the_agent_sends_its_token_and_takes_a_rotated_one(tmp_path: Path) -> None:
@@ -488,16 +540,143 @@ def test_the_agent_sends_its_token_and_takes_a_rotated_one(tmp_path: Path) -> No
                 server.url, "node", token_file=token_file, providers_file=providers
             )
             agent = Agent(settings)
-            with pytest.raises(httpx.HTTPStatusError, match="401 the bearer token is not valid"):
+            with pytest.raises(HeartbeatError, match="401 the bearer token is not valid"):
                 agent.beat()
             token_file.write_text("agent-token-0123456789\n")  # rotated on disk
-            with pytest.raises(httpx.HTTPStatusError):
+            with pytest.raises(HeartbeatError):
                 agent.beat()  # this one still carried the old token; it re-read the file
             assert agent.beat()["devices"]["cuda"]["free"] == ["GPU-0", "GPU-1"]
             agent.close()
             other = Agent(replace(settings, agent_id="someone-else"))
-            with pytest.raises(httpx.HTTPStatusError, match="403"):
+            with pytest.raises(HeartbeatError, match="403"):
                 other.beat()  # an agent's token reports its own agent only
             other.close()
     finally:
         store.close()
+
+
+# --------------------------------------------------------------------------- bad answers
+
+
+def peak_rss_kib(pid: int) -> int:
+    """A live process's peak resident set (``VmHWM``), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmHWM in /proc/{pid}/status")
+
+
+HUGE = 300 << 20  # what the issue's scheduler sent: 300 MB
+
+
+class BadScheduler(http.server.ThreadingHTTPServer):
+    """A scheduler that answers every heartbeat with one bad shape, on 127.0.0.1; it counts
+    the heartbeats and notes the agent's peak RSS as each one arrives."""
+
+    daemon_threads = True
+
+    def __init__(self, shape: str) -> None:
+        super().__init__(("127.0.0.1", 0), _BadAnswer)
+        self.shape = shape
+        self.agent_pid: int | None = None
+        self.peaks: list[int] = []
+        self.arrived = threading.Condition()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def wait_for_beats(self, count: int, timeout: float = 60) -> None:
+        with self.arrived:
+            if not self.arrived.wait_for(lambda: len(self.peaks) >= count, timeout):
+                raise AssertionError(f"{len(self.peaks)} heartbeats, not {count}, in {timeout} s")
+
+
+class _BadAnswer(http.server.BaseHTTPRequestHandler):
+    server: BadScheduler
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_PUT(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        server = self.server
+        with server.arrived:
+            server.arrived.wait_for(lambda: server.agent_pid is not None, 30)
+            assert server.agent_pid is not None
+            server.peaks.append(peak_rss_kib(server.agent_pid))
+            server.arrived.notify_all()
+        view = json.dumps({"agent_id": "node", "devices": {}}).encode()
+        with contextlib.suppress(OSError):  # the agent hangs up on what it will not read
+            if server.shape == "nested":  # valid JSON, 100,000 levels deep
+                self._answer(200, b"[" * 100_000 + b"]" * 100_000)
+            elif server.shape == "redirect":  # a JSON body that looks like a heartbeat's
+                self._answer(302, view, Location="http://127.0.0.1:9/v1/agents/node")
+            elif server.shape == "huge-declared":
+                self._answer(200, b"", **{"Content-Length": str(HUGE)})
+                self.wfile.write(b" " * (1 << 20))
+            elif server.shape == "huge":  # no length: the body ends when the server hangs up
+                self._answer(200, b"")
+                chunk = b"[" + b" " * ((1 << 20) - 1)
+                for _ in range(HUGE >> 20):
+                    self.wfile.write(chunk)
+
+    def _answer(self, status: int, body: bytes, **headers: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        for name, value in headers.items():
+            self.send_header(name, value)
+        if body or "Content-Length" in headers:
+            self.send_header("Content-Length", headers.get("Content-Length", str(len(body))))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def bad_scheduler(request: pytest.FixtureRequest) -> Iterator[BadScheduler]:
+    server = BadScheduler(request.param)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+@pytest.mark.parametrize(
+    ("bad_scheduler", "reason"),
+    [
+        ("nested", "nested more than 32 levels deep"),
+        ("redirect", "302 Found: a redirect to 'http://127.0.0.1:9/v1/agents/node'"),
+        ("huge-declared", f"the answer is {HUGE} bytes, more than the 1048576 an agent reads"),
+        ("huge", "the answer is larger than the 1048576 bytes an agent reads"),
+    ],
+    indirect=["bad_scheduler"],
+)
+def test_a_bad_answer_is_one_logged_error_and_a_retry(
+    bad_scheduler: BadScheduler, reason: str, tmp_path: Path, started: list[Any]
+) -> None:
+    """Each bad answer fails the heartbeat (a redirect counts for nothing), is logged once
+    while it repeats, and is retried with backoff; the agent keeps running, and it never
+    buffers more than its bound of a 300 MB answer."""
+    providers = providers_report(tmp_path / "node.json")
+    agent = AgentProcess(
+        tmp_path,
+        ["--scheduler", bad_scheduler.url, "--providers-file", str(providers),
+         "--interval", "0.2", "--agent-id", "node"],
+    )  # fmt: skip
+    started.append(agent)
+    with bad_scheduler.arrived:
+        bad_scheduler.agent_pid = agent.process.pid
+        bad_scheduler.arrived.notify_all()
+    bad_scheduler.wait_for_beats(3)  # the first beat and two retries after backoff
+    assert agent.process.poll() is None, agent.text()
+    growth_kib = peak_rss_kib(agent.process.pid) - bad_scheduler.peaks[0]
+    assert growth_kib < 16 << 10, f"peak RSS grew by {growth_kib} KiB"  # 1 MiB read at most
+    assert agent.stop() == 0
+    lines = [json.loads(line) for line in agent.text().splitlines()]
+    failed = [line for line in lines if "failed" in line["message"]]
+    assert len(failed) == 1 and failed[0]["level"] == "error", lines
+    assert "heartbeat 1 to" in failed[0]["message"] and reason in failed[0]["message"], failed
+    assert not any("registered" in line["message"] for line in lines), lines
+    assert "Traceback" not in agent.text()

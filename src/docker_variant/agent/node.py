@@ -11,7 +11,9 @@ Each heartbeat is a whole report, ``PUT /v1/agents/{agent_id}``:
   driver loaded (``nvmlDeviceGetTotalEccErrors``, volatile counter: a reset clears it, so a
   mended GPU comes back), or have retired pages pending (``nvmlDeviceGetRetiredPagesPendingStatus``:
   it needs a reset). A GPU detected earlier in this run that NVML no longer finds is reported
-  with its last lists and marked unhealthy, rather than silently dropped.
+  with its last lists and marked unhealthy, rather than silently dropped; so is a device of
+  any other kind (an AMD GPU, a descriptor's NPU) that detection stops listing. NVML judges
+  only NVIDIA devices: it never marks another vendor's device unhealthy.
 - ``capacity``: only where a providers file states it (the scheduler's default is 1.0 share
   a device, what a whole GPU has).
 
@@ -21,6 +23,12 @@ every ``interval`` seconds +-10 % (so a fleet started together does not beat in 
 one is retried after 1 s, then 2, 4 ... up to ``max(interval, 30 s)``, +-20 %. A scheduler
 that cannot be reached, even at start, is retried forever: an agent outlives scheduler
 outages. A report the scheduler refuses (400/413) will be refused again: exit 2.
+
+Answers are read as untrusted: at most ``MAX_ANSWER_BYTES`` while streaming (never more is
+buffered, whatever the scheduler or a man in the middle sends), not content-encoded, through
+``jsondoc.load_json`` (strict UTF-8, a depth limit), and a heartbeat counts only when it is
+answered 2xx with a JSON object. Anything else (a redirect, a huge or deeply nested answer) is
+one logged line and a retry with backoff, never an exit.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import contextlib
 import logging
 import random
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -39,14 +47,25 @@ from docker_variant.agent.client import read_token
 from docker_variant.agent.health import NVML_KIND, nvml_health
 from docker_variant.agent.inputs import read_agent_providers_file
 from docker_variant.agent.settings import AgentSettings
-from docker_variant.errors import DockerVariantError, InvalidInputError, one_line
+from docker_variant.errors import (
+    DockerVariantError,
+    InvalidInputError,
+    UnreachableError,
+    one_line,
+)
+from docker_variant.jsondoc import load_json
+from docker_variant.numbers import is_number
 from docker_variant.providers import detect_host
+from docker_variant.retry import Backoff
+from docker_variant.variant.model import SupportedLists
 from docker_variant.variant.platform import host_platform, platform_of_lists
 
 __all__ = [
+    "MAX_ANSWER_BYTES",
     "MAX_BACKOFF_S",
     "Agent",
     "AgentSettings",
+    "HeartbeatError",
     "ReportRefusedError",
     "backoff_delay",
     "jittered",
@@ -55,14 +74,27 @@ __all__ = [
 FIRST_RETRY_S = 1.0
 MAX_BACKOFF_S = 30.0
 REQUEST_TIMEOUT_S = 10.0
+MAX_ANSWER_BYTES = 1 << 20  # the scheduler's view of one agent is a few KiB
 _BEAT_JITTER = 0.1
 _RETRY_JITTER = 0.2
+_OUTAGE_STATUSES = frozenset({502, 503, 504})  # a proxy in front of a scheduler that is away
 
 _log = logging.getLogger("docker_variant.agent")
 
 
 class ReportRefusedError(InvalidInputError):
     """The scheduler answered 400/413: this report is invalid and will stay so."""
+
+
+class HeartbeatError(UnreachableError):
+    """A heartbeat that did not count and may next time: the scheduler could not be reached
+    (``outage``), or its answer was not a heartbeat's (not 2xx, too large, not a JSON
+    object). ``status``: the answer's status code, if one came."""
+
+    def __init__(self, message: str, *, status: int | None = None, outage: bool = False):
+        super().__init__(message)
+        self.status = status
+        self.outage = outage
 
 
 # --------------------------------------------------------------------------- timing
@@ -76,9 +108,51 @@ def jittered(interval: float, rng: random.Random) -> float:
 def backoff_delay(failures: int, interval: float, rng: random.Random) -> float:
     """After ``failures`` failed beats in a row (>= 1): 1 s, 2 s, 4 s ... up to
     ``max(interval, 30 s)``, +-20 %."""
-    cap = max(interval, MAX_BACKOFF_S)
-    base = min(FIRST_RETRY_S * 2 ** min(failures - 1, 32), cap)
-    return float(base * rng.uniform(1 - _RETRY_JITTER, 1 + _RETRY_JITTER))
+    backoff = Backoff(
+        FIRST_RETRY_S, max(interval, MAX_BACKOFF_S), 1 - _RETRY_JITTER, 1 + _RETRY_JITTER
+    )
+    return backoff.delay(failures - 1, rng)
+
+
+# --------------------------------------------------------------------------- answers
+
+
+def read_answer(response: httpx.Response, limit: int = MAX_ANSWER_BYTES) -> bytes:
+    """The body of a streamed ``response``, refused (``HeartbeatError``) as soon as it
+    exceeds ``limit`` bytes or is content-encoded (the agent asks for ``identity``, so that
+    what is counted is what would be buffered)."""
+    status = response.status_code
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise HeartbeatError(
+            f"{status}: the answer is {one_line(encoding, 40)!r}-encoded; the agent asks for "
+            "identity",
+            status=status,
+        )
+    declared = response.headers.get("content-length", "").strip()
+    if is_number(declared) and int(declared) > limit:
+        raise HeartbeatError(
+            f"{status}: the answer is {declared} bytes, more than the {limit} an agent reads",
+            status=status,
+        )
+    data = bytearray()
+    for chunk in response.iter_raw():
+        data += chunk
+        if len(data) > limit:
+            raise HeartbeatError(
+                f"{status}: the answer is larger than the {limit} bytes an agent reads",
+                status=status,
+            )
+    return bytes(data)
+
+
+def error_message(data: bytes, reason: str) -> str:
+    """The scheduler's one-line error message (an OCI error body), else the start of the
+    body, else the reason phrase."""
+    with contextlib.suppress(DockerVariantError, LookupError, TypeError, AttributeError):
+        return one_line(str(load_json(data, "the answer")["errors"][0]["message"]))
+    text = data[:200].decode("utf-8", "replace")
+    return one_line(text) or reason
 
 
 # --------------------------------------------------------------------------- the agent
@@ -105,8 +179,9 @@ class Agent:
         self.stop = stop or threading.Event()
         self.rng = rng or random.Random()
         self.token = read_token(settings.token_file) if settings.token_file else None
-        self._gpus_seen: dict[str, Any] = {}  # GPU UUID -> last lists, NVML-detected
-        self._unhealthy: dict[str, str] = {}  # last verdicts, to log changes only
+        # kind -> device id -> last lists, of the devices detection listed in this run
+        self._seen: dict[str, dict[str, SupportedLists]] = {}
+        self._unhealthy: dict[tuple[str, str], str] = {}  # last verdicts, to log changes only
         self.beats = 0  # heartbeats the scheduler took
         self.reported = 0  # devices in the last report
 
@@ -118,23 +193,30 @@ class Agent:
         """This heartbeat's body."""
         settings = self.settings
         capacity: dict[str, dict[str, float]] = {}
+        verdicts: dict[tuple[str, str], str] = {}
         if settings.providers_file is not None:
             read = read_agent_providers_file(settings.providers_file)
             found, capacity = read.report, read.capacity
             implied = platform_of_lists(found.host)
             platform = implied if implied is not None else host_platform()
             devices = {kind: dict(ids) for kind, ids in found.devices.items()}
-            known: Iterable[str] = ()
+            known: Mapping[str, SupportedLists] = {}
         else:
             found = detect_host(None, settings.enable, use_cache=False)
             platform = host_platform()
             devices = {kind: dict(ids) for kind, ids in found.devices.items()}
-            # a GPU that NVML stops listing is kept, with its last lists, to be judged below
-            self._gpus_seen.update(devices.get(NVML_KIND, {}))
-            if self._gpus_seen:
-                devices[NVML_KIND] = {**self._gpus_seen, **devices.get(NVML_KIND, {})}
-            known = self._gpus_seen
-        verdicts = nvml_health(devices.get(NVML_KIND, {}), self.nvml, known=known)
+            # a device that detection stops listing is kept, with its last lists, and judged
+            for kind, ids in devices.items():
+                self._seen.setdefault(kind, {}).update(ids)
+            for kind, seen in self._seen.items():
+                listed = devices.setdefault(kind, {})
+                for device_id in seen.keys() - listed.keys():
+                    listed[device_id] = seen[device_id]
+                    if kind != NVML_KIND:  # NVML tells what became of its own GPUs
+                        verdicts[kind, device_id] = f"no longer detected by the {kind} provider"
+            known = self._seen.get(NVML_KIND, {})
+        gpus = nvml_health(devices.get(NVML_KIND, {}), self.nvml, known=known)
+        verdicts.update({(NVML_KIND, uuid): why for uuid, why in gpus.items()})
         self._log_health(verdicts)
         body: dict[str, Any] = {
             "agent_id": settings.agent_id,
@@ -144,49 +226,79 @@ class Agent:
             "devices": devices,
         }
         if verdicts:
-            body["unhealthy"] = {NVML_KIND: sorted(verdicts)}
+            unhealthy: dict[str, list[str]] = {}
+            for kind, device_id in sorted(verdicts):
+                unhealthy.setdefault(kind, []).append(device_id)
+            body["unhealthy"] = unhealthy
         if capacity:
             body["capacity"] = capacity
         self.reported = sum(len(ids) for ids in devices.values())
         return body
 
-    def _log_health(self, verdicts: Mapping[str, str]) -> None:
-        for uuid, why in sorted(verdicts.items()):
-            if self._unhealthy.get(uuid) != why:
-                _log.warning("device %s/%s is unhealthy: %s", NVML_KIND, uuid, why)
-        for uuid in sorted(self._unhealthy.keys() - verdicts.keys()):
-            _log.info("device %s/%s is healthy again", NVML_KIND, uuid)
+    def _log_health(self, verdicts: Mapping[tuple[str, str], str]) -> None:
+        for (kind, device_id), why in sorted(verdicts.items()):
+            if self._unhealthy.get((kind, device_id)) != why:
+                _log.warning("device %s/%s is unhealthy: %s", kind, device_id, why)
+        for kind, device_id in sorted(self._unhealthy.keys() - verdicts.keys()):
+            _log.info("device %s/%s is healthy again", kind, device_id)
         self._unhealthy = dict(verdicts)
 
     def beat(self) -> dict[str, Any]:
-        """One heartbeat; the scheduler's view of this agent. Raises ``httpx.HTTPError`` for
-        what may pass (unreachable, 5xx, 401/403...), ``ReportRefusedError`` for 400/413."""
+        """One heartbeat; the scheduler's view of this agent. Raises ``HeartbeatError`` for
+        what may pass (unreachable, any answer but a 2xx JSON object), ``ReportRefusedError``
+        for 400/413."""
         body = self.report()
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        response = self.client.put(self.url, json=body, headers=headers)
-        if response.status_code in (400, 413):
+        headers = {"Accept-Encoding": "identity"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        try:
+            with self.client.stream("PUT", self.url, json=body, headers=headers) as response:
+                status, reason = response.status_code, response.reason_phrase
+                location = response.headers.get("location")
+                data = read_answer(response)
+        except httpx.HTTPError as exc:
+            raise HeartbeatError(
+                f"{self.settings.scheduler}: {one_line(str(exc)) or type(exc).__name__}",
+                outage=True,
+            ) from None
+        if status in (400, 413):
             raise ReportRefusedError(
                 f"the scheduler refused the report of agent {self.settings.agent_id!r}: "
-                f"{response.status_code} {_message(response)}"
+                f"{status} {error_message(data, reason)}"
             )
-        if response.status_code in (401, 403) and self.settings.token_file is not None:
+        if status in (401, 403) and self.settings.token_file is not None:
             # the token may have been rotated on disk: take the new one next time
             with contextlib.suppress(InvalidInputError):
                 self.token = read_token(self.settings.token_file)
-        if response.is_error:
-            raise httpx.HTTPStatusError(
-                f"{response.status_code} {_message(response)}",
-                request=response.request,
-                response=response,
+        if 300 <= status < 400:
+            where = f" to {one_line(location, 200)!r}" if location else ""
+            raise HeartbeatError(
+                f"{status} {reason}: a redirect{where}, not a heartbeat's answer (an agent "
+                "follows no redirect; give --scheduler the scheduler's own URL)",
+                status=status,
+            )
+        if not 200 <= status < 300:
+            raise HeartbeatError(
+                f"{status} {error_message(data, reason)}",
+                status=status,
+                outage=status in _OUTAGE_STATUSES,
+            )
+        try:
+            view = load_json(data, f"the scheduler's {status} answer")
+        except InvalidInputError as exc:
+            raise HeartbeatError(str(exc), status=status) from None
+        if not isinstance(view, dict):
+            raise HeartbeatError(
+                f"the scheduler's {status} answer is not a JSON object", status=status
             )
         self.beats += 1
-        view: dict[str, Any] = response.json()
         return view
 
     def run(self) -> int:
         """Beat until ``stop`` is set: 0; 2 when the scheduler refuses the report."""
         settings = self.settings
         failures = 0
+        last_failure: str | None = None  # logged once while it repeats
         _log.info(
             "agent %s reporting to %s every %g s",
             settings.agent_id,
@@ -199,21 +311,25 @@ class Agent:
             except ReportRefusedError as exc:
                 _log.error("%s", exc)
                 return 2
-            except (httpx.HTTPError, ValueError) as exc:  # ValueError: a non-JSON answer
+            except DockerVariantError as exc:  # HeartbeatError; or the providers file went bad
                 failures += 1
                 delay = backoff_delay(failures, settings.interval, self.rng)
-                log = _log.warning if failures == 1 else _log.debug
-                log(
+                why = one_line(str(exc)) or type(exc).__name__
+                if why == last_failure:
+                    level = logging.DEBUG
+                elif isinstance(exc, HeartbeatError) and exc.outage:
+                    level = logging.WARNING
+                else:
+                    level = logging.ERROR
+                last_failure = why
+                _log.log(
+                    level,
                     "heartbeat %d to %s failed (%s); retrying in %.1f s",
                     failures,
                     settings.scheduler,
-                    one_line(str(exc)) or type(exc).__name__,
+                    why,
                     delay,
                 )
-            except DockerVariantError as exc:  # e.g. the providers file went bad: keep trying
-                failures += 1
-                delay = backoff_delay(failures, settings.interval, self.rng)
-                _log.error("%s; retrying in %.1f s", exc, delay)
             else:
                 if failures or self.beats == 1:
                     _log.info(
@@ -226,7 +342,9 @@ class Agent:
                         self.reported,
                         len(self._unhealthy),
                     )
-                failures = 0
+                else:
+                    _log.debug("heartbeat %d taken (%d devices)", self.beats, self.reported)
+                failures, last_failure = 0, None
                 delay = jittered(settings.interval, self.rng)
             self.stop.wait(delay)
         _log.info("agent %s stopped", settings.agent_id)
@@ -234,10 +352,3 @@ class Agent:
 
     def close(self) -> None:
         self.client.close()
-
-
-def _message(response: httpx.Response) -> str:
-    """The scheduler's one-line error message, else the start of the body."""
-    with contextlib.suppress(ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return one_line(str(response.json()["errors"][0]["message"]))
-    return one_line(response.text[:200]) or response.reason_phrase
