@@ -3,7 +3,9 @@
 Only what inspection needs: the machine, the sections (by name, offset and size) and the
 ``.note.gnu.property`` properties. Nothing is read but headers and the sections asked for, so
 a 2 GiB library costs a few kilobytes of reads. Every inconsistency (offsets beyond the end,
-absurd counts) raises ``ElfError`` with a short reason; nothing else escapes.
+absurd counts) raises ``ElfError`` with a short reason; nothing else escapes. The work is
+bounded by the headers' size: the section table is read in one piece and each section name
+is looked up within ``_MAX_NAME`` bytes.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from typing import IO
+
+from docker_variant.errors import InvalidInputError
 
 __all__ = [
     "ELF_MAGIC",
@@ -34,10 +38,12 @@ NT_GNU_PROPERTY_TYPE_0 = 5
 _SHN_XINDEX = 0xFFFF
 _MAX_SECTIONS = 1 << 16  # real objects have tens; a million is a corrupt count
 _MAX_NAMES = 16 << 20
+_MAX_NAME = 4096  # one section name; real ones are a few dozen bytes
+_MAX_ENTRY = 1024  # section header size; 40 or 64 in real files
 _MAX_NOTE = 1 << 20
 
 
-class ElfError(ValueError):
+class ElfError(InvalidInputError):
     """Not a readable ELF file; the message says what is wrong."""
 
 
@@ -99,24 +105,20 @@ def read_elf(stream: IO[bytes], file_size: int) -> ElfFile:
         entry, minimum = end + "IIIIIIIIII", 40
     if shoff == 0:
         return ElfFile(is64, little, machine, file_size, ())
-    if shentsize < minimum:
-        raise ElfError(f"section header size {shentsize} is below {minimum}")
-
-    def header_at(index: int) -> tuple[int, ...]:
-        raw = _read_at(
-            stream, shoff + index * shentsize, minimum, file_size, f"section header {index}"
-        )
-        fields: tuple[int, ...] = struct.unpack(entry, raw)
-        return fields
-
-    first = header_at(0)
+    if not minimum <= shentsize <= _MAX_ENTRY:
+        raise ElfError(f"section header size {shentsize} is not {minimum} to {_MAX_ENTRY}")
+    first = struct.unpack(entry, _read_at(stream, shoff, minimum, file_size, "section header 0"))
     if shnum == 0:  # more than 0xff00 sections: the count is in section 0
         shnum = first[5]
     if shstrndx == _SHN_XINDEX:
         shstrndx = first[6]
     if shnum > _MAX_SECTIONS:
         raise ElfError(f"{shnum} sections is not a plausible count")
-    raw_headers = [header_at(i) for i in range(shnum)]
+    table_size = (shnum - 1) * shentsize + minimum if shnum else 0
+    table = _read_at(stream, shoff, table_size, file_size, "section header table")
+    raw_headers: list[tuple[int, ...]] = [
+        struct.unpack_from(entry, table, i * shentsize) for i in range(shnum)
+    ]
     names = b""
     if 0 < shstrndx < shnum:
         strtab = raw_headers[shstrndx]
@@ -132,7 +134,7 @@ def read_elf(stream: IO[bytes], file_size: int) -> ElfFile:
             fields[5],
             fields[8],
         )
-        end_of_name = names.find(b"\0", name_offset)
+        end_of_name = names.find(b"\0", name_offset, name_offset + _MAX_NAME)
         name = names[name_offset:end_of_name].decode("latin-1") if end_of_name >= 0 else ""
         if kind != 8 and offset + size > file_size:  # 8 = SHT_NOBITS occupies no file space
             raise ElfError(f"section {name or '?'} ends beyond the end of the file")

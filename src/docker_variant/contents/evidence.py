@@ -7,13 +7,14 @@ versions, glibc-hwcaps directories). Nothing here touches tar streams or registr
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import dataclass, replace
 from typing import IO, Any
 
 from docker_variant.contents.elf import EM_AARCH64, EM_X86_64, ElfFile, gnu_properties
-from docker_variant.contents.fatbin import read_fatbins
+from docker_variant.contents.fatbin import FatbinError, read_fatbins
 from docker_variant.contents.offload import read_bundles
 
 __all__ = [
@@ -131,12 +132,11 @@ def elf_findings(stream: IO[bytes], elf: ElfFile, path: str) -> list[Finding]:
     cubins: set[tuple[int, int]] = set()
     ptx: set[tuple[int, int]] = set()
     fatbins = 0
-    for section in elf.sections:
-        if section.name == ".nv_fatbin" and section.kind != 8 and section.size:
-            summary = read_fatbins(stream, section.offset, section.size)
-            cubins |= summary.cubins
-            ptx |= summary.ptx
-            fatbins += summary.fatbins
+    for offset, size in _fatbin_ranges(elf):
+        summary = read_fatbins(stream, offset, size)
+        cubins |= summary.cubins
+        ptx |= summary.ptx
+        fatbins += summary.fatbins
     if fatbins:
         cub, vir = tuple(sorted(cubins)), tuple(sorted(ptx))
         text = f"{fatbins} fatbins: cubin {arch_text('sm', cub) or '(none)'}"
@@ -151,6 +151,23 @@ def elf_findings(stream: IO[bytes], elf: ElfFile, path: str) -> list[Finding]:
             text += f"; {bundles.compressed} compressed bundle(s): targets not readable"
         found.append(Finding(OFFLOAD, path, ".hip_fatbin", text, targets=targets))
     return found
+
+
+def _fatbin_ranges(elf: ElfFile) -> list[tuple[int, int]]:
+    """The byte ranges of the ``.nv_fatbin`` sections, each once: headers that point at the
+    same bytes are read once, and ranges that partly overlap (no linker writes them) are a
+    ``FatbinError``, so the fatbin parser reads each byte of the file at most once."""
+    ranges = sorted(
+        {
+            (s.offset, s.size)
+            for s in elf.sections
+            if s.name == ".nv_fatbin" and s.kind != 8 and s.size  # 8: SHT_NOBITS
+        }
+    )
+    for (offset, size), (next_offset, _) in itertools.pairwise(ranges):
+        if next_offset < offset + size:
+            raise FatbinError(f".nv_fatbin sections at {offset}+{size} and {next_offset} overlap")
+    return ranges
 
 
 def path_finding(path: str) -> Finding | None:

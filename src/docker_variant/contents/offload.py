@@ -13,6 +13,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import IO
 
+from docker_variant.errors import InvalidInputError
+
 __all__ = ["BUNDLE_MAGIC", "BundleSummary", "OffloadError", "read_bundles"]
 
 BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
@@ -22,7 +24,7 @@ _MAX_ID = 1024
 _CHUNK = 1 << 20
 
 
-class OffloadError(ValueError):
+class OffloadError(InvalidInputError):
     """A corrupt offload bundle."""
 
 
@@ -42,19 +44,33 @@ def gfx_target(bundle_id: str) -> str | None:
     return name if name.startswith("gfx") else None
 
 
-def _find(stream: IO[bytes], start: int, end: int, needle: bytes) -> int:
-    """The offset of ``needle`` in [start, end), reading 1 MiB at a time; -1 if absent."""
-    pos = start
-    while pos < end:
-        stream.seek(pos)
-        chunk = stream.read(min(_CHUNK + len(needle), end - pos))
-        if not chunk:
-            return -1
-        found = chunk.find(needle)
-        if found >= 0:
-            return pos + found
-        pos += _CHUNK
-    return -1
+class _Scanner:
+    """Finds the bundle magic in [start, end) going forward only: a window of ``_CHUNK``
+    bytes is read once and searched again from where the last bundle ended, so many small
+    bundles cost one pass over the section, not one ``_CHUNK`` read each."""
+
+    def __init__(self, stream: IO[bytes], end: int) -> None:
+        self._stream = stream
+        self._end = end
+        self._window = b""
+        self._window_at = 0  # stream offset of _window[0]
+
+    def find(self, start: int) -> int:
+        """The offset of the next magic at or after ``start``; -1 if none."""
+        pos, size = start, len(BUNDLE_MAGIC)
+        while pos + size <= self._end:
+            window_end = self._window_at + len(self._window)
+            if not self._window_at <= pos <= window_end - size:
+                self._stream.seek(pos)
+                self._window = self._stream.read(min(_CHUNK, self._end - pos))
+                self._window_at, window_end = pos, pos + len(self._window)
+                if len(self._window) < size:
+                    return -1
+            found = self._window.find(BUNDLE_MAGIC, pos - self._window_at)
+            if found >= 0:
+                return self._window_at + found
+            pos = window_end - size + 1  # the magic may straddle the window's end
+        return -1
 
 
 def read_bundles(stream: IO[bytes], offset: int, size: int) -> BundleSummary:
@@ -65,24 +81,28 @@ def read_bundles(stream: IO[bytes], offset: int, size: int) -> BundleSummary:
     if stream.read(4) == COMPRESSED_MAGIC:
         summary.bundles = summary.compressed = 1
         return summary
-    pos = _find(stream, offset, end, BUNDLE_MAGIC)
+    scanner = _Scanner(stream, end)
+    pos = scanner.find(offset)
     while pos >= 0:
-        stream.seek(pos + len(BUNDLE_MAGIC))
+        at = pos + len(BUNDLE_MAGIC)
+        stream.seek(at)
         head = stream.read(8)
-        if len(head) < 8:
+        if len(head) < 8 or at + 8 > end:
             raise OffloadError(f"offload bundle at {pos - offset} is cut short")
         (count,) = struct.unpack("<Q", head)
         if count > _MAX_ENTRIES:
             raise OffloadError(f"offload bundle at {pos - offset} claims {count} entries")
-        furthest = pos + len(BUNDLE_MAGIC) + 8
+        at += 8
+        furthest = at
         for _ in range(count):
             fixed = stream.read(24)
-            if len(fixed) < 24:
+            if len(fixed) < 24 or at + 24 > end:
                 raise OffloadError(f"offload bundle at {pos - offset}: entry table cut short")
             entry_offset, entry_size, id_size = struct.unpack("<QQQ", fixed)
-            if id_size > _MAX_ID:
+            if id_size > _MAX_ID or at + 24 + id_size > end:
                 raise OffloadError(f"offload bundle at {pos - offset}: id of {id_size} bytes")
             bundle_id = stream.read(id_size).decode("ascii", "replace")
+            at += 24 + id_size
             if pos + entry_offset + entry_size > end:
                 raise OffloadError(
                     f"offload bundle at {pos - offset}: entry {bundle_id} runs past the section"
@@ -91,5 +111,7 @@ def read_bundles(stream: IO[bytes], offset: int, size: int) -> BundleSummary:
             if (target := gfx_target(bundle_id)) is not None:
                 summary.targets.add(target)
         summary.bundles += 1
-        pos = _find(stream, furthest, end, BUNDLE_MAGIC)
+        # the next bundle starts after this one's table and code objects: no byte is
+        # searched or read as a table twice
+        pos = scanner.find(max(furthest, at))
     return summary

@@ -1,0 +1,91 @@
+"""Crafted binaries for the parser tests and the fuzz corpus: minimal ELF64 files with the
+sections asked for, CUDA fatbins and clang offload bundles, laid out as the parsers'
+docstrings (and the real files those were checked against) describe them."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+from docker_variant.contents.offload import BUNDLE_MAGIC
+
+FATBIN_MAGIC = 0xBA55ED50
+EM_X86_64 = 62
+SHT_PROGBITS, SHT_STRTAB = 1, 3
+
+
+def fatbin(entries: list[tuple[int, int]], payload: int = 16) -> bytes:
+    """One fatbin of ``(kind, sm)`` entries (kind 1 PTX, 2 cubin), each with a 64-byte entry
+    header and ``payload`` bytes of code."""
+    body = b""
+    for kind, sm in entries:
+        header = struct.pack("<HHIQ", kind, 0x0101, 64, payload)
+        header += b"\0" * (28 - len(header)) + struct.pack("<I", sm)
+        header += b"\0" * (40 - len(header)) + struct.pack("<Q", 0)
+        header = header.ljust(64, b"\0")
+        body += header + b"\xcc" * payload
+    return struct.pack("<IHHQ", FATBIN_MAGIC, 1, 16, len(body)) + body
+
+
+def bundle(ids: list[bytes], code: int = 16) -> bytes:
+    """One uncompressed offload bundle with an entry per id, ``code`` bytes each."""
+    table_end = len(BUNDLE_MAGIC) + 8 + sum(24 + len(i) for i in ids)
+    table, at = b"", table_end
+    for bundle_id in ids:
+        table += struct.pack("<QQQ", at, code, len(bundle_id)) + bundle_id
+        at += code
+    return BUNDLE_MAGIC + struct.pack("<Q", len(ids)) + table + b"\0" * code * len(ids)
+
+
+def elf64(
+    sections: list[tuple[str, int, int]],
+    data: bytes,
+    *,
+    machine: int = EM_X86_64,
+) -> bytes:
+    """An ELF64 little-endian file: ``data`` at offset 64, then the section name table, then
+    the section headers: a null section, ``.shstrtab`` and one per ``(name, offset, size)``
+    (offsets relative to ``data``)."""
+    names = b"\0.shstrtab\0"
+    name_at: dict[str, int] = {".shstrtab": 1}
+    for name, _, _ in sections:
+        if name not in name_at:
+            name_at[name] = len(names)
+            names += name.encode() + b"\0"
+    strtab_at = 64 + len(data)
+    shoff = (strtab_at + len(names) + 7) // 8 * 8
+    shnum = 2 + len(sections)
+    header = b"\x7fELF\x02\x01\x01" + b"\0" * 9
+    big = shnum >= 0xFF00  # the count goes into section 0's size, e_shnum is 0
+    header += struct.pack(
+        "<HHIQQQIHHHHHH", 3, machine, 1, 0, 0, shoff, 0, 64, 0, 0, 64, 0 if big else shnum, 1
+    )
+    out = io.BytesIO()
+    out.write(header)
+    out.write(data)
+    out.write(names)
+    out.write(b"\0" * (shoff - out.tell()))
+
+    def section(name: int, kind: int, offset: int, size: int) -> bytes:
+        return struct.pack("<IIQQQQIIQQ", name, kind, 0, 0, offset, size, 0, 0, 1, 0)
+
+    out.write(section(0, 0, 0, shnum if big else 0))
+    out.write(section(1, SHT_STRTAB, strtab_at, len(names)))
+    for name, offset, size in sections:
+        out.write(section(name_at[name], SHT_PROGBITS, 64 + offset, size))
+    return out.getvalue()
+
+
+class CountingStream(io.BytesIO):
+    """A BytesIO that counts its reads and the bytes they returned: the parsers' work."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.reads = 0
+        self.bytes = 0
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        data = super().read(size)
+        self.reads += 1
+        self.bytes += len(data)
+        return data
