@@ -5,6 +5,8 @@ Routes map a path to a ``Reply`` or to a function of the request; unknown paths 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -98,6 +100,29 @@ class FakeUpstream:
             target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
         )
 
+    def serve_image(
+        self,
+        repository: str,
+        tag: str,
+        config: bytes,
+        *,
+        stated_digest: str | None = None,
+        manifest: bytes | None = None,
+    ) -> str:
+        """Serve an image manifest at ``tag`` (and at its digest) and its config blob, as a
+        registry does, with ``Docker-Content-Digest``: the manifest's own digest, or
+        ``stated_digest`` for a registry that lies about it. Returns the true digest."""
+        body = manifest if manifest is not None else _raw_manifest(config)
+        digest = _sha256(body)
+        headers = {
+            "Content-Type": "application/vnd.oci.image.manifest.v1+json",
+            "Docker-Content-Digest": stated_digest or digest,
+        }
+        self.routes[f"/v2/{repository}/manifests/{tag}"] = Reply(body=body, headers=headers)
+        self.routes[f"/v2/{repository}/manifests/{digest}"] = Reply(body=body, headers=headers)
+        self.routes[f"/v2/{repository}/blobs/{_sha256(config)}"] = Reply(body=config)
+        return digest
+
     def start(self) -> FakeUpstream:
         self._thread.start()
         return self
@@ -105,3 +130,22 @@ class FakeUpstream:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def _sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _raw_manifest(config: bytes) -> bytes:
+    config_descriptor = {
+        "mediaType": "application/vnd.oci.image.config.v1+json",
+        "digest": _sha256(config),
+        "size": len(config),
+    }
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": config_descriptor,
+        "layers": [],
+    }
+    return json.dumps(manifest).encode()

@@ -216,10 +216,10 @@ def test_the_engine_client_reads_no_trust_store(
     tmp_path: Path, trust_loads: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from docker_variant.docker.engine import Engine, EngineError
-    from docker_variant.oci.client import system_tls
+    from docker_variant.oci.http import system_tls
 
     system_tls.cache_clear()
-    monkeypatch.setattr("docker_variant.oci.client.system_tls", system_tls)
+    monkeypatch.setattr("docker_variant.oci.http.system_tls", system_tls)
     for host in (f"unix://{tmp_path}/docker.sock", f"tcp://127.0.0.1:{devstack.free_port()}"):
         with Engine(host) as engine, pytest.raises(EngineError, match="not reachable"):
             engine.ping()
@@ -258,7 +258,7 @@ def tls_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 def test_the_deferred_trust_store_is_read_at_the_first_handshake_and_verifies(
     tls_server: tuple[str, Path], trust_loads: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from docker_variant.oci.client import _DeferredTrustContext
+    from docker_variant.oci.http import _DeferredTrustContext
 
     url, ca = tls_server
     untrusting = _DeferredTrustContext(ssl.PROTOCOL_TLS_CLIENT)

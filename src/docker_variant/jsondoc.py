@@ -1,9 +1,13 @@
 """JSON documents from outside (files, request bodies, headers, downloads), read safely.
 
-One reader for every untrusted JSON input: bytes are decoded as strict UTF-8, the text is
-refused when nested deeper than ``MAX_DEPTH`` (the documents of SPEC sections 4, 5 and 8 are
-at most five deep; a 100,000-deep array would otherwise exhaust the parser's recursion), and
-every failure is one ``InvalidInputError`` line naming the document and the rule.
+One reader for every untrusted JSON input (registry manifests and token answers, the engine's
+event stream, image tars, request bodies, the scheduler's answers): a document over
+``max_bytes`` (``MAX_BYTES`` unless a caller says less) is refused before it is parsed, bytes
+are decoded as strict UTF-8, the text is refused when nested deeper than ``MAX_DEPTH`` (the
+documents here are at most a few levels deep; a 100,000-deep array would otherwise exhaust
+the parser's recursion), and every failure is one ``InvalidInputError`` line naming the
+document and the rule. ``read_json_stream`` reads a file-like object with the same bound,
+so nothing past it is ever held.
 """
 
 from __future__ import annotations
@@ -11,16 +15,18 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from docker_variant.errors import InvalidInputError, one_line
 
-__all__ = ["MAX_DEPTH", "load_json", "read_json_file"]
+__all__ = ["MAX_BYTES", "MAX_DEPTH", "load_json", "read_json_file", "read_json_stream"]
 
 MAX_DEPTH = 32
+#: The largest document any reader here takes unless its caller gives a smaller bound.
+MAX_BYTES = 64 << 20
 
 # A JSON string (skipped whole, so brackets inside it do not count) or a bracket.
-_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+_TOKENS = re.compile(r'"(?:[^"\\]++|\\.)*+"|[\[\]{}]')
 
 
 def _check_depth(text: str, what: str, limit: int) -> None:
@@ -38,8 +44,13 @@ def _check_depth(text: str, what: str, limit: int) -> None:
             depth -= 1
 
 
-def load_json(data: bytes | str, what: str, *, max_depth: int = MAX_DEPTH) -> Any:
-    """Parse ``data`` (UTF-8 bytes or text); ``what`` names it in errors."""
+def load_json(
+    data: bytes | str, what: str, *, max_depth: int = MAX_DEPTH, max_bytes: int = MAX_BYTES
+) -> Any:
+    """Parse ``data`` (UTF-8 bytes or text) of at most ``max_bytes``; ``what`` names it in
+    errors."""
+    if len(data) > max_bytes:  # text: characters, each at least one byte
+        raise InvalidInputError(f"{what}: larger than the {max_bytes} bytes allowed")
     if isinstance(data, bytes):
         try:
             text = data.decode("utf-8")
@@ -60,14 +71,20 @@ def load_json(data: bytes | str, what: str, *, max_depth: int = MAX_DEPTH) -> An
         raise InvalidInputError(f"{what}: not valid JSON ({one_line(str(exc))})") from None
 
 
-def read_json_file(path: str | Path, what: str, *, max_bytes: int = 64 << 20) -> Any:
+def read_json_file(path: str | Path, what: str, *, max_bytes: int = MAX_BYTES) -> Any:
     """A JSON file, read whole up to ``max_bytes``; ``what`` names it in errors."""
     try:
         with Path(path).open("rb") as handle:
-            data = handle.read(max_bytes + 1)
+            return read_json_stream(handle, what, max_bytes=max_bytes)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise InvalidInputError(f"{what}: cannot read it ({reason})") from exc
+
+
+def read_json_stream(stream: IO[bytes], what: str, *, max_bytes: int = MAX_BYTES) -> Any:
+    """A JSON document read from ``stream`` (a file, a tar member) up to ``max_bytes``: one
+    byte more is read to tell a document at the bound from one past it, never more."""
+    data = stream.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise InvalidInputError(f"{what}: larger than {max_bytes} bytes")
-    return load_json(data, what)
+    return load_json(data, what, max_bytes=max_bytes)

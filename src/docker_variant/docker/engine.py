@@ -18,13 +18,17 @@ from urllib.parse import quote
 
 import httpx
 
-from docker_variant.errors import InvalidInputError, UnreachableError
+from docker_variant.errors import InvalidInputError, UnreachableError, one_line
+from docker_variant.jsondoc import load_json, read_json_file
 from docker_variant.oci.auth import docker_config_path, load_credentials
-from docker_variant.oci.client import system_tls
+from docker_variant.oci.http import sync_client, sync_transport
 
 __all__ = ["Engine", "EngineError", "ProgressEvent", "engine_host"]
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
+_META_LIMIT = 16 << 20  # a context's meta.json, the Docker config
+_ERROR_LIMIT = 64 << 10  # enough of an error answer for its message
+_EVENT_LIMIT = 1 << 20  # one line of a pull, push or build progress stream
 ProgressEvent = dict[str, Any]
 
 
@@ -42,11 +46,13 @@ def _context_host(name: str) -> str:
         / hashlib.sha256(name.encode()).hexdigest()
     )
     try:
-        meta = json.loads((root / "meta.json").read_text())
+        meta = read_json_file(root / "meta.json", f"docker context {name!r}", max_bytes=_META_LIMIT)
         host = meta["Endpoints"]["docker"]["Host"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{exc} (cannot read its endpoint)") from exc
+    except (KeyError, TypeError) as exc:
         raise InvalidInputError(
-            f"docker context {name!r}: cannot read its endpoint ({exc})"
+            f"docker context {name!r}: cannot read its endpoint ({exc!r} missing)"
         ) from exc
     if not isinstance(host, str):
         raise InvalidInputError(f"docker context {name!r}: endpoint host is not a string")
@@ -59,9 +65,9 @@ def engine_host() -> str:
     context = os.environ.get("DOCKER_CONTEXT")
     if not context:
         try:
-            config = json.loads(docker_config_path().read_text())
+            config = read_json_file(docker_config_path(), "Docker config", max_bytes=_META_LIMIT)
             context = config.get("currentContext") if isinstance(config, dict) else None
-        except (OSError, ValueError):
+        except InvalidInputError:
             context = None
     return _context_host(context) if context else DEFAULT_HOST
 
@@ -83,22 +89,20 @@ class Engine:
     def __init__(self, host: str | None = None, timeout: float = 30.0) -> None:
         self.host = host or engine_host()
         # Both are plain HTTP (TLS engines are not supported). httpx builds a TLS context for
-        # any transport (verify=False too); system_tls() is the process's one, whose trust
+        # any transport (verify=False too); the factory's is the process's one, whose trust
         # store is read only by a handshake that this engine never makes.
         if self.host.startswith("unix://"):
-            transport = httpx.HTTPTransport(
-                uds=self.host.removeprefix("unix://"), verify=system_tls()
-            )
+            transport = sync_transport(uds=self.host.removeprefix("unix://"))
             base = "http://docker"
         elif self.host.startswith(("tcp://", "http://")):
-            transport = httpx.HTTPTransport(verify=system_tls())
+            transport = sync_transport()
             base = "http://" + self.host.split("://", 1)[1]
         else:
             raise InvalidInputError(
                 f"DOCKER_HOST {self.host!r}: only unix:// and tcp:// (plain) engines are supported"
             )
         # Pull and push streams can be silent for long while a big layer moves: no read timeout.
-        self._http = httpx.Client(
+        self._http = sync_client(
             transport=transport,
             base_url=base,
             timeout=httpx.Timeout(timeout, read=None),
@@ -122,14 +126,17 @@ class Engine:
             ) from exc
         return response
 
-    def _fail(self, response: httpx.Response, what: str) -> EngineError:
+    def _fail(self, response: httpx.Response, what: str, body: bytes | None = None) -> EngineError:
+        """The engine's ``{"message": ...}`` of a failed request, on one line."""
+        body = response.content[:_ERROR_LIMIT] if body is None else body
         try:
-            message = response.json().get("message", response.text)
-        except ValueError:
-            message = response.text
-        return EngineError(
-            f"{what}: {str(message).strip().splitlines()[0] if message else response.status_code}"
-        )
+            data = load_json(body, what)
+            message = data.get("message") if isinstance(data, dict) else None
+        except InvalidInputError:
+            message = None
+        if not isinstance(message, str):
+            message = body.decode("utf-8", "replace")
+        return EngineError(f"{what}: {_first_line(message) or response.status_code}")
 
     def ping(self) -> None:
         response = self._request("GET", "/_ping")
@@ -142,7 +149,9 @@ class Engine:
             return None
         if response.status_code != 200:
             raise self._fail(response, f"inspect {ref}")
-        data: dict[str, Any] = response.json()
+        data = load_json(response.content, f"the engine's inspection of {ref}")
+        if not isinstance(data, dict):
+            raise EngineError(f"inspect {ref}: the engine answered JSON that is not an object")
         return data
 
     def _stream(
@@ -156,12 +165,13 @@ class Engine:
         try:
             with self._http.stream(method, path, **kwargs) as response:
                 if response.status_code != 200:
-                    response.read()
-                    raise self._fail(response, what)
-                for event in _json_lines(response.iter_lines()):
+                    raise self._fail(response, what, _head(response.iter_bytes()))
+                for event in _json_lines(response.iter_bytes()):
                     if "error" in event:
-                        detail = event.get("errorDetail", {}).get("message") or event["error"]
-                        raise EngineError(f"{what}: {str(detail).strip().splitlines()[0]}")
+                        details = event.get("errorDetail")
+                        detail = details.get("message") if isinstance(details, dict) else None
+                        detail = _first_line(str(detail or event["error"]))
+                        raise EngineError(f"{what}: {detail or 'failed'}")
                     on_event(event)
         except httpx.TransportError as exc:
             raise EngineError(
@@ -284,8 +294,7 @@ class Engine:
                 if response.status_code == 404:
                     raise InvalidInputError(f"{ref}: no such local image")
                 if response.status_code != 200:
-                    response.read()
-                    raise self._fail(response, what)
+                    raise self._fail(response, what, _head(response.iter_bytes()))
                 yield chunks(response)
         except httpx.TransportError as exc:
             raise EngineError(
@@ -293,16 +302,47 @@ class Engine:
             ) from exc
 
 
-def _json_lines(lines: Iterator[str]) -> Iterator[ProgressEvent]:
+def _first_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return one_line(lines[0]) if lines else ""
+
+
+def _head(chunks: Iterator[bytes]) -> bytes:
+    """The first ``_ERROR_LIMIT`` bytes of an error answer: enough for its message."""
+    body = b""
+    for chunk in chunks:
+        body += chunk
+        if len(body) >= _ERROR_LIMIT:
+            break
+    return body[:_ERROR_LIMIT]
+
+
+def _json_lines(chunks: Iterator[bytes]) -> Iterator[ProgressEvent]:
+    """The engine's progress stream: one JSON object a line, each line at most
+    ``_EVENT_LIMIT`` bytes (an engine sending an endless line is cut off, not buffered)."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        if len(pending) > _EVENT_LIMIT:
+            raise EngineError(
+                f"the Docker engine sent a progress line of more than {_EVENT_LIMIT} bytes"
+            )
+        yield from _events(lines)
+    yield from _events([pending])
+
+
+def _events(lines: list[bytes]) -> Iterator[ProgressEvent]:
     for line in lines:
         line = line.strip()
         if not line:
             continue
         try:
-            event = json.loads(line)
-        except ValueError as exc:
+            event = load_json(line, "progress line", max_bytes=_EVENT_LIMIT)
+        except InvalidInputError as exc:
+            shown = line[:120].decode("utf-8", "replace")
             raise EngineError(
-                f"the Docker engine sent a malformed progress line: {line[:120]!r}"
+                f"the Docker engine sent a malformed progress line: {shown!r}"
             ) from exc
         if isinstance(event, dict):
             yield event

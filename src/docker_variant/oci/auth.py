@@ -11,12 +11,11 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import json
 import os
 import re
 import subprocess
 import time
-from collections.abc import AsyncGenerator, Callable, Generator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,10 @@ from typing import Any
 import httpx
 
 from docker_variant.errors import InvalidInputError
+from docker_variant.jsondoc import load_json, read_json_stream
+from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.errors import BadUpstreamResponseError, RegistryAuthError
+from docker_variant.oci.http import USER_AGENT
 
 __all__ = [
     "Credentials",
@@ -40,6 +42,8 @@ _HUB_KEYS = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
 _HELPER_TIMEOUT_S = 30
 _TOKEN_MARK = "docker_variant_token_request"  # request extension: read this response's body
 _DEFAULT_TOKEN_LIFETIME_S = 60  # the token spec's default when expires_in is absent
+_CONFIG_LIMIT = 16 << 20  # a Docker config or a helper's answer
+_TOKEN_LIMIT = 1 << 20  # a token answer (JWTs are kilobytes)
 
 
 @dataclass(frozen=True)
@@ -77,12 +81,14 @@ def registry_ca_files(registry: str) -> list[Path]:
 def load_credentials(registry: str, config_path: Path | None = None) -> Credentials | None:
     """The credentials Docker would use for ``registry``; ``None`` when it has none."""
     path = config_path or docker_config_path()
+    what = f"{path}: unreadable Docker config"
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as handle:
+            config = read_json_stream(handle, what, max_bytes=_CONFIG_LIMIT)
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidInputError(f"{path}: unreadable Docker config: {exc}") from exc
+    except OSError as exc:
+        raise InvalidInputError(f"{what}: {exc.strerror or type(exc).__name__}") from exc
     if not isinstance(config, dict):
         raise InvalidInputError(f"{path}: a Docker config must be a JSON object")
 
@@ -146,8 +152,8 @@ def _from_helper(name: str, server: str) -> Credentials | None:
     if done.returncode != 0:
         return None  # "credentials not found in native keychain"
     try:
-        data = json.loads(done.stdout)
-    except json.JSONDecodeError:
+        data = load_json(done.stdout, f"docker-credential-{name} get", max_bytes=_CONFIG_LIMIT)
+    except InvalidInputError:
         return None
     if not isinstance(data, dict):
         return None
@@ -219,18 +225,20 @@ class RegistryAuth(httpx.Auth):
         return cls(load_credentials(registry, config_path))
 
     # httpx reads response bodies for an auth flow only if asked to, for every response;
-    # read just the token endpoint's answers so that blob downloads still stream.
+    # read just the token endpoint's answers, so that blob downloads still stream. httpx
+    # reads every answer the flow replaces (a 401) whole: both are bounded first.
     def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response]:
         flow = self.auth_flow(request)
         outgoing = next(flow)
         while True:
             response = yield outgoing
             if outgoing.extensions.get(_TOKEN_MARK):
-                response.read()
+                _bound(response).read()
             try:
                 outgoing = flow.send(response)
             except StopIteration:
                 return
+            _bound(response)
 
     async def async_auth_flow(
         self, request: httpx.Request
@@ -240,11 +248,12 @@ class RegistryAuth(httpx.Auth):
         while True:
             response = yield outgoing
             if outgoing.extensions.get(_TOKEN_MARK):
-                await response.aread()
+                await _bound(response).aread()
             try:
                 outgoing = flow.send(response)
             except StopIteration:
                 return
+            _bound(response)
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         if "Authorization" in request.headers:
@@ -303,6 +312,8 @@ class RegistryAuth(httpx.Auth):
         extensions: dict[str, Any] = {_TOKEN_MARK: True}
         if "timeout" in original.extensions:  # without it httpcore would wait forever
             extensions["timeout"] = original.extensions["timeout"]
+        # A flow's requests skip the client's own headers; the body is counted as sent.
+        headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
         if creds is not None and creds.identity_token:
             # OAuth2 refresh-token grant, as Docker does for SSO logins
             form = {
@@ -312,9 +323,10 @@ class RegistryAuth(httpx.Auth):
                 "scope": scope,
                 "service": realm.service or "",
             }
-            token_request = httpx.Request("POST", realm.realm, data=form, extensions=extensions)
+            token_request = httpx.Request(
+                "POST", realm.realm, data=form, headers=headers, extensions=extensions
+            )
         else:
-            headers = {}
             if creds is not None and (basic := creds.basic_header()):
                 headers["Authorization"] = basic
             token_request = httpx.Request(
@@ -327,13 +339,61 @@ class RegistryAuth(httpx.Auth):
             raise RegistryAuthError(
                 f"{where} refused credentials for scope {scope!r} ({response.status_code})",
                 status=response.status_code,
-                code="UNAUTHORIZED" if response.status_code == 401 else "DENIED",
+                code=ErrorCode.UNAUTHORIZED if response.status_code == 401 else ErrorCode.DENIED,
                 headers=headers_for_caller,
                 url=str(token_request.url),
             )
         token, lifetime = _read_token(response, where)
         self._tokens[(realm, scope)] = (token, self._clock() + max(lifetime - 10, 1))
         return token
+
+
+class _BoundedStream(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """A response body that raises once more than ``_TOKEN_LIMIT`` bytes have come."""
+
+    def __init__(self, stream: httpx.SyncByteStream | httpx.AsyncByteStream, url: str) -> None:
+        self._stream = stream
+        self._url = url
+
+    def _too_large(self) -> BadUpstreamResponseError:
+        return BadUpstreamResponseError(
+            f"{self._url} answered more than the {_TOKEN_LIMIT} bytes read of a token or a "
+            "challenge",
+            url=self._url,
+        )
+
+    def __iter__(self) -> Iterator[bytes]:
+        assert isinstance(self._stream, httpx.SyncByteStream)
+        size = 0
+        for chunk in self._stream:
+            size += len(chunk)
+            if size > _TOKEN_LIMIT:
+                raise self._too_large()
+            yield chunk
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        assert isinstance(self._stream, httpx.AsyncByteStream)
+        size = 0
+        async for chunk in self._stream:
+            size += len(chunk)
+            if size > _TOKEN_LIMIT:
+                raise self._too_large()
+            yield chunk
+
+    def close(self) -> None:
+        if isinstance(self._stream, httpx.SyncByteStream):
+            self._stream.close()
+
+    async def aclose(self) -> None:
+        if isinstance(self._stream, httpx.AsyncByteStream):
+            await self._stream.aclose()
+
+
+def _bound(response: httpx.Response) -> httpx.Response:
+    """``response`` with its body (not read yet) limited to ``_TOKEN_LIMIT`` bytes."""
+    if not response.is_stream_consumed and not isinstance(response.stream, _BoundedStream):
+        response.stream = _BoundedStream(response.stream, str(response.request.url))
+    return response
 
 
 def _read_token(response: httpx.Response, where: str) -> tuple[str, int]:
@@ -344,8 +404,8 @@ def _read_token(response: httpx.Response, where: str) -> tuple[str, int]:
             url=str(response.request.url),
         )
     try:
-        data = json.loads(response.content)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = load_json(response.content, "token", max_bytes=_TOKEN_LIMIT)
+    except InvalidInputError as exc:
         raise BadUpstreamResponseError(
             f"{where} answered a token that is not JSON: {exc}", url=str(response.request.url)
         ) from exc

@@ -11,12 +11,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 import email.utils
-import functools
 import hashlib
-import json
 import os
 import ssl
-import threading
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,9 +22,11 @@ from typing import Any
 
 import httpx
 
-from docker_variant import __version__
-from docker_variant.errors import DockerVariantError, InvalidInputError
+from docker_variant.errors import DockerVariantError, InvalidInputError, one_line
+from docker_variant.jsondoc import load_json
+from docker_variant.numbers import is_number
 from docker_variant.oci.auth import RegistryAuth, registry_ca_files
+from docker_variant.oci.errcode import ERROR_BODY_LIMIT, ErrorCode, read_error
 from docker_variant.oci.errors import (
     BadUpstreamResponseError,
     NotFoundError,
@@ -36,10 +35,10 @@ from docker_variant.oci.errors import (
     RegistryError,
     UpstreamUnavailableError,
 )
+from docker_variant.oci.grammar import is_digest
+from docker_variant.oci.http import async_client, tls_with
 from docker_variant.oci.imageindex import stated_platform
 from docker_variant.oci.mediatypes import (
-    DOCKER_MANIFEST,
-    DOCKER_MANIFEST_LIST,
     GENERIC_TYPES,
     INDEX_TYPES,
     MANIFEST_ACCEPT,
@@ -56,24 +55,18 @@ from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.platform import Platform, host_platform
 
 __all__ = [
-    "DOCKER_MANIFEST",
-    "DOCKER_MANIFEST_LIST",
-    "MANIFEST_ACCEPT",
-    "OCI_INDEX",
-    "OCI_MANIFEST",
+    "DEFAULT_RATE_LIMIT_WAIT",
     "Manifest",
     "Platform",
     "RegistryClient",
     "config_labels",
     "host_platform",
-    "stated_platform",
-    "system_tls",
+    "retry_after",
 ]
 
 _MANIFEST_LIMIT = 4 << 20  # the distribution spec's minimum a registry must accept
 _CONFIG_LIMIT = 32 << 20
 _TAGS_LIMIT = 32 << 20
-_ERROR_BODY_LIMIT = 64 << 10
 #: A client waits out 429s for at most this long in all, and retries at most this often.
 DEFAULT_RATE_LIMIT_WAIT = 30.0
 _RATE_LIMIT_RETRIES = 3
@@ -124,53 +117,6 @@ def config_labels(config: Mapping[str, Any], where: str) -> dict[str, str]:
     return labels
 
 
-class _DeferredTrustContext(ssl.SSLContext):
-    """A client context whose trust store is loaded by its first TLS handshake.
-
-    Reading the system's CA certificates costs about 20 ms. A loopback registry spoken to
-    over plain HTTP, and the engine's socket, never shake hands, so they never pay it; a
-    redirect to HTTPS (blobs on a CDN) or an HTTPS proxy still verifies as usual. httpcore
-    starts every handshake through ``wrap_socket`` (sync) or ``wrap_bio`` (anyio)."""
-
-    _trust_loaded = False
-    _trust_lock = threading.Lock()
-
-    def _load_trust(self) -> None:
-        if not self._trust_loaded:
-            with self._trust_lock:
-                if not self._trust_loaded:
-                    self.load_default_certs(ssl.Purpose.SERVER_AUTH)
-                    self._trust_loaded = True
-
-    def wrap_socket(self, *args: Any, **kwargs: Any) -> ssl.SSLSocket:
-        self._load_trust()
-        return super().wrap_socket(*args, **kwargs)
-
-    def wrap_bio(self, *args: Any, **kwargs: Any) -> ssl.SSLObject:
-        self._load_trust()
-        return super().wrap_bio(*args, **kwargs)
-
-
-@functools.cache
-def system_tls() -> ssl.SSLContext:
-    """The system's trust store, as Docker uses (cheaper to load than certifi's bundle), read
-    only when a connection first uses TLS. One per process: clients share it."""
-    # PROTOCOL_TLS_CLIENT verifies certificates and host names, as create_default_context does
-    return _DeferredTrustContext(ssl.PROTOCOL_TLS_CLIENT)
-
-
-@functools.cache
-def _tls_with(cafiles: tuple[str, ...]) -> ssl.SSLContext:
-    """The system's trust store plus a registry's own CAs."""
-    context = ssl.create_default_context()
-    for cafile in cafiles:
-        try:
-            context.load_verify_locations(cafile)
-        except (OSError, ssl.SSLError) as exc:
-            raise InvalidInputError(f"CA certificate {cafile!r}: cannot load it ({exc})") from exc
-    return context
-
-
 class RegistryClient:
     """The distribution API of one registry (or a proxy in front of it).
 
@@ -199,15 +145,15 @@ class RegistryClient:
         self.rate_limit_wait = rate_limit_wait
         self._wait_budget = rate_limit_wait
         self._semaphore = asyncio.Semaphore(max_concurrency)
-        self._http = httpx.AsyncClient(
+        self._http = async_client(
             base_url=self.base_url,
             auth=auth,
-            headers={"User-Agent": f"docker-variant/{__version__}", **(headers or {})},
+            headers=headers,
             timeout=timeout,
             follow_redirects=True,  # blobs may live behind a redirect (S3, CDN)
             limits=httpx.Limits(max_connections=max_concurrency),
             transport=transport,
-            verify=tls or system_tls(),
+            tls=tls,
         )
 
     @classmethod
@@ -219,7 +165,7 @@ class RegistryClient:
         auth = RegistryAuth.from_docker_config(registry, config_path)
         cas = registry_ca_files(registry)
         if cas:
-            kwargs.setdefault("tls", _tls_with(tuple(str(p) for p in cas)))
+            kwargs.setdefault("tls", tls_with(tuple(str(p) for p in cas)))
         return cls(registry_base_url(registry, tls=bool(cas)), auth=auth, **kwargs)
 
     async def __aenter__(self) -> RegistryClient:
@@ -311,7 +257,7 @@ class RegistryClient:
             try:
                 async with self._http.stream("GET", url) as response:
                     if not response.is_success:
-                        body = await _read(response, _ERROR_BODY_LIMIT, what, truncate=True)
+                        body = await _read(response, ERROR_BODY_LIMIT, what, truncate=True)
                         raise _status_error(response, body, what)
                     async for chunk in response.aiter_bytes(chunk_size):
                         hasher.update(chunk)
@@ -356,6 +302,7 @@ class RegistryClient:
         check_repository(repository)
         check_manifest_reference(reference)
         what = f"manifest {_name(repository, reference)}"
+        _check_verifiable(reference, what)
         response, body = await self._get(
             f"{self.base_url}/v2/{repository}/manifests/{reference}",
             what,
@@ -368,9 +315,14 @@ class RegistryClient:
         data = _json_object(body, what, response)
         media_type = content_type if content_type not in GENERIC_TYPES else _infer_type(data)
         _check_shape(data, media_type, what, response)
-        if reference.startswith("sha256:"):
+        # The digest is the bytes' own, never what the registry says it is: a registry
+        # naming another image's digest for a tag would have it recorded and pulled.
+        if is_digest(reference):
             _check_digest(body, reference, what, response)
-        digest = response.headers.get("docker-content-digest") or _sha256(body)
+            digest = reference
+        else:
+            digest = _sha256(body)
+        _check_stated_digest(response, body, digest, what)
         return Manifest(media_type, digest, body, data)
 
     async def _get(
@@ -423,8 +375,10 @@ class RegistryClient:
             except httpx.HTTPError as exc:
                 raise _transport_error(exc, what, url) from exc
             if not response.is_success:
-                raise _status_error(response, response.content[:_ERROR_BODY_LIMIT], what)
-        return response.headers.get("docker-content-digest") or _sha256(body)
+                raise _status_error(response, response.content[:ERROR_BODY_LIMIT], what)
+        digest = _sha256(body)
+        _check_stated_digest(response, body, digest, what)
+        return digest
 
     async def _get_once(
         self,
@@ -439,7 +393,7 @@ class RegistryClient:
             try:
                 async with self._http.stream("GET", url, headers=headers, params=params) as r:
                     if not r.is_success:
-                        body = await _read(r, _ERROR_BODY_LIMIT, what, truncate=True)
+                        body = await _read(r, ERROR_BODY_LIMIT, what, truncate=True)
                         raise _status_error(r, body, what)
                     return r, await _read(r, limit, what)
             except RegistryError:
@@ -494,7 +448,8 @@ async def _read(
     """The body, refusing more than ``limit`` bytes (a manifest is not a gigabyte); with
     ``truncate``, its first ``limit`` bytes (enough of an error body to find its code)."""
     declared = response.headers.get("content-length", "")
-    if not truncate and declared.isdigit() and int(declared) > limit:
+    too_long = declared.isdigit() and (not is_number(declared) or int(declared) > limit)
+    if not truncate and too_long:
         raise _bad(f"{what}: {declared} bytes is more than the {limit} allowed", response)
     chunks: list[bytes] = []
     size = 0
@@ -510,7 +465,8 @@ async def _read(
 
 
 def _status_error(response: httpx.Response, body: bytes, what: str) -> RegistryError:
-    code, message = _oci_error(body)
+    found = read_error(body)
+    code, message = (found.code, found.message) if found is not None else (None, None)
     status = response.status_code
     text = f"{what}: {response.request.method} {response.url} answered {status}"
     if code:
@@ -527,20 +483,6 @@ def _status_error(response: httpx.Response, body: bytes, what: str) -> RegistryE
     return cls(text, status=status, code=code, headers=response.headers, url=str(response.url))
 
 
-def _oci_error(body: bytes) -> tuple[str | None, str | None]:
-    """``(code, message)`` of the first error in ``{"errors": [...]}``, if the body is one."""
-    try:
-        data = json.loads(body)
-        first = data["errors"][0]
-        code, message = first.get("code"), first.get("message")
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError):
-        return None, None
-    return (
-        code if isinstance(code, str) else None,
-        message if isinstance(message, str) else None,
-    )
-
-
 def _bad(message: str, response: httpx.Response) -> BadUpstreamResponseError:
     url = str(response.url)
     return BadUpstreamResponseError(
@@ -553,11 +495,10 @@ def _bad(message: str, response: httpx.Response) -> BadUpstreamResponseError:
 
 def _json_object(body: bytes, what: str, response: httpx.Response) -> dict[str, Any]:
     try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _bad(f"{what} is not JSON: {exc}", response) from exc
-    except RecursionError as exc:
-        raise _bad(f"{what} is JSON nested too deeply to read", response) from exc
+        data = load_json(body, what)  # the body was read with its own, smaller bound
+    except InvalidInputError as exc:
+        reason = str(exc).removeprefix(f"{what}: ")
+        raise _bad(f"{what} is not JSON: {reason}", response) from exc
     if not isinstance(data, dict):
         raise _bad(f"{what} is JSON but not an object", response)
     return data
@@ -606,17 +547,50 @@ def _pick_platform(index: Manifest, wanted: Platform, name: str) -> str:
         return linux[0]
     raise NotFoundError(
         f"manifest {name}: the index has no linux manifest (wanted {wanted})",
-        code="MANIFEST_UNKNOWN",
+        code=ErrorCode.MANIFEST_UNKNOWN,
     )
+
+
+_HASHES = {"sha256": hashlib.sha256, "sha512": hashlib.sha512}
 
 
 def _sha256(body: bytes) -> str:
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
+def _digest_of(body: bytes, algorithm: str) -> str | None:
+    """``body``'s digest in ``algorithm``; ``None`` for an algorithm this cannot compute."""
+    hasher = _HASHES.get(algorithm)
+    return None if hasher is None else f"{algorithm}:{hasher(body).hexdigest()}"
+
+
+def _check_verifiable(reference: str, what: str) -> None:
+    """A manifest fetched by digest is checked against it, so its algorithm must be one
+    this can compute."""
+    algorithm = reference.partition(":")[0]
+    if is_digest(reference) and algorithm not in _HASHES:
+        raise InvalidInputError(
+            f"{what}: cannot verify a {algorithm} digest (only {', '.join(_HASHES)})"
+        )
+
+
 def _check_digest(body: bytes, digest: str, what: str, response: httpx.Response) -> None:
-    if digest.startswith("sha256:") and _sha256(body) != digest:
-        raise _bad(f"{what}: content does not match its digest (got {_sha256(body)})", response)
+    got = _digest_of(body, digest.partition(":")[0])
+    if got != digest:
+        raise _bad(f"{what}: content does not match its digest (got {got})", response)
+
+
+def _check_stated_digest(response: httpx.Response, body: bytes, digest: str, what: str) -> None:
+    """Refuse an answer whose ``Docker-Content-Digest`` is not the digest of its bytes."""
+    stated = response.headers.get("docker-content-digest", "").strip()
+    if not stated:
+        return
+    if _digest_of(body, stated.partition(":")[0]) != stated:
+        raise _bad(
+            f"{what}: the registry says Docker-Content-Digest {one_line(stated, 150)!r}, but "
+            f"the {len(body)} bytes it sent have digest {digest}",
+            response,
+        )
 
 
 def _name(repository: str, reference: str) -> str:

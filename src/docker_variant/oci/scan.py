@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from docker_variant.oci.client import Manifest, RegistryClient, config_labels
+from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.errors import BadUpstreamResponseError, NotFoundError
 from docker_variant.oci.imageindex import IndexEntry, read_image_index, stated_platform
 from docker_variant.variant.index import ImageRecord, VariantIndex, build_index
@@ -112,7 +113,7 @@ async def top_manifest(client: RegistryClient, repository: str, tag: str) -> Man
     try:
         return await client.fetch_manifest(repository, tag)
     except NotFoundError as exc:
-        if exc.code == "NAME_UNKNOWN":
+        if exc.code == ErrorCode.NAME_UNKNOWN:
             raise
         return None
 
@@ -145,7 +146,7 @@ async def _tag_images(
     except BadUpstreamResponseError as exc:
         return ImageRecord(tag, digest, error=str(exc))
     except NotFoundError as exc:
-        if exc.code == "NAME_UNKNOWN":
+        if exc.code == ErrorCode.NAME_UNKNOWN:
             raise  # the repository itself is gone
         # a tag deleted since the listing, a missing config blob
         return ImageRecord(tag, digest, error=str(exc))

@@ -11,6 +11,7 @@ from typing import Any
 from docker_variant.errors import InvalidInputError, UnreachableError
 from docker_variant.localcache import read_entry, write_entry
 from docker_variant.oci.client import RegistryClient
+from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.errors import NotFoundError, RegistryError
 from docker_variant.oci.reference import Reference, parse_reference
 from docker_variant.oci.scan import read_version
@@ -57,7 +58,7 @@ def fetch_index(ref: str | Reference, **client_kwargs: Any) -> tuple[Reference, 
         raise NotFoundError(
             f"{reference}: no image tagged {version} or {version}-<label> in {reference.name}",
             status=404,
-            code="MANIFEST_UNKNOWN",
+            code=ErrorCode.MANIFEST_UNKNOWN,
         )
     return reference, index
 
@@ -72,17 +73,22 @@ def download_index(
     import httpx
 
     from docker_variant.jsondoc import load_json
+    from docker_variant.numbers import is_number
+    from docker_variant.oci.http import sync_client
 
     what = f"index {url}"
     started = time.monotonic()
     chunks: list[bytes] = []
     size = 0
     try:
-        with httpx.stream("GET", url, timeout=min(deadline, 10.0), follow_redirects=True) as r:
+        with (
+            sync_client(timeout=min(deadline, 10.0), follow_redirects=True) as http,
+            http.stream("GET", url) as r,
+        ):
             if not r.is_success:
                 raise UnreachableError(f"{what}: answered {r.status_code} {r.reason_phrase}")
             declared = r.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > limit:
+            if declared.isdigit() and (not is_number(declared) or int(declared) > limit):
                 raise InvalidInputError(f"{what}: {declared} bytes is over the {limit} allowed")
             for chunk in r.iter_bytes():
                 size += len(chunk)
@@ -99,7 +105,7 @@ def download_index(
         raise UnreachableError(f"{what}: {exc or type(exc).__name__}") from None
     except ValueError as exc:  # httpx's URL parser on hosts such as [::1:5699
         raise InvalidInputError(f"{what}: not a valid URL ({exc})") from None
-    return VariantIndex.from_json(load_json(b"".join(chunks), what), what)
+    return VariantIndex.from_json(load_json(b"".join(chunks), what, max_bytes=limit), what)
 
 
 def refresh_proxy_index(ref: Reference, version: str, **client_kwargs: Any) -> bool:
