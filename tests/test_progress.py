@@ -32,3 +32,15 @@ def test_a_downloading_layer_shows_its_size() -> None:
         ]
     )
     assert "100.0/100.0 MB" in screen and "Pull complete" in screen
+
+
+def test_engine_text_with_markup_and_terminal_escapes_is_shown_as_it_is() -> None:
+    # a registry's error text relayed by the engine, and a layer id it made up
+    screen = _screen(
+        [
+            {"status": "denied: [link=http://x]a[/link] \x1b[31m\x07[bold", "id": "[/]\x1b]0;t"},
+        ]
+    )
+    assert "denied: [link=http://x]a[/link] \\x1b[31m\\x07[bold" in screen
+    assert "pull [/]\\x1b]0;t" in screen
+    assert "\x1b" not in screen and "\x07" not in screen

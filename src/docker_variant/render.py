@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from docker_variant.safetext import safe_text
 from docker_variant.variant import Candidate, Selection, SupportedLists, Variant
 
 if TYPE_CHECKING:
@@ -26,6 +27,11 @@ __all__ = [
     "selection_json",
     "selection_table",
 ]
+
+
+def _shown(text: object) -> str:
+    """A table cell from text that came from outside (an index, a registry, a provider)."""
+    return safe_text(text, markup=True)
 
 
 def properties_text(variant: Variant | None) -> str:
@@ -64,7 +70,7 @@ def selection_json(selection: Selection, reference: str | None) -> dict[str, Any
 def selection_table(selection: Selection, title: str) -> Table:
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left")
+    table = Table(title=_shown(title), title_justify="left")
     for column in ("rank", "label", "tag", "fits", "properties / reason"):
         table.add_column(column, overflow="fold")
     for c in selection.candidates:
@@ -75,7 +81,13 @@ def selection_table(selection: Selection, title: str) -> Table:
                 "[red]no[/]" if c.kind != "invalid" else "[red]invalid[/]",
                 c.reason or "",
             )
-        table.add_row(str(c.rank or "-"), c.label or f"({c.kind})", c.tag, fits, detail)
+        table.add_row(
+            str(c.rank or "-"),
+            _shown(c.label or f"({c.kind})"),
+            _shown(c.tag),
+            fits,
+            _shown(detail),
+        )
     return table
 
 
@@ -84,7 +96,7 @@ def published_table(entries: Sequence[IndexEntry], title: str) -> Table:
     variant-unaware clients get."""
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left")
+    table = Table(title=_shown(title), title_justify="left")
     for column in ("platform", "label", "tag", "digest", "variant-unaware clients"):
         table.add_column(column, overflow="fold")
     seen: set[str] = set()
@@ -93,10 +105,10 @@ def published_table(entries: Sequence[IndexEntry], title: str) -> Table:
         first = platform not in seen
         seen.add(platform)
         table.add_row(
-            platform,
-            entry.label or "(bare)",
-            entry.tag,
-            entry.digest,
+            _shown(platform),
+            _shown(entry.label or "(bare)"),
+            _shown(entry.tag),
+            _shown(entry.digest),
             "[green]this one[/]" if first else "",
         )
     return table
@@ -106,15 +118,15 @@ def built_table(report: BuildReport, title: str) -> Table:
     """The images a matrix build made, in matrix order."""
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left")
+    table = Table(title=_shown(title), title_justify="left")
     for column in ("entry", "platform", "reference", "image", "pushed"):
         table.add_column(column, overflow="fold")
     for row in report.rows():
         table.add_row(
-            str(row["entry"]),
-            str(row["platform"] or "(engine's)"),
-            str(row["reference"]),
-            str(row["image_id"])[7:19],
+            _shown(row["entry"]),
+            _shown(row["platform"] or "(engine's)"),
+            _shown(row["reference"]),
+            _shown(str(row["image_id"])[7:19]),
             "yes" if row["pushed"] else "no",
         )
     return table
@@ -128,7 +140,7 @@ def host_table(host: SupportedLists, limit: int = 8) -> Table:
         table.add_column(column, overflow="fold")
     for namespace, features in host.items():
         if not features:
-            table.add_row(namespace, "[dim](nothing on this host)[/]", "")
+            table.add_row(_shown(namespace), "[dim](nothing on this host)[/]", "")
         # on/off CPU flags are many: one row for all of them keeps the table readable
         flags = [f for f, values in features.items() if values == ["on"]]
         for feature, values in features.items():
@@ -137,7 +149,9 @@ def host_table(host: SupportedLists, limit: int = 8) -> Table:
             shown = ", ".join(values[:limit])
             if len(values) > limit:
                 shown += f", ... ({len(values)} values)"
-            table.add_row(namespace, feature, shown)
+            table.add_row(_shown(namespace), _shown(feature), _shown(shown))
         if flags:
-            table.add_row(namespace, f"{len(flags)} flags, each 'on'", ", ".join(flags))
+            table.add_row(
+                _shown(namespace), f"{len(flags)} flags, each 'on'", _shown(", ".join(flags))
+            )
     return table

@@ -16,6 +16,7 @@ from docker_variant import __version__
 from docker_variant.cli import k8s, plugin, providers, publish, select
 from docker_variant.cli.options import EnableOpt, JsonOpt, Options, ProvidersFileOpt
 from docker_variant.errors import DockerVariantError
+from docker_variant.safetext import safe_text
 
 __all__ = ["app", "main"]
 
@@ -88,15 +89,15 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(2)
     except DockerVariantError as exc:
-        # a value quoted in a message may hold a newline (a fuzzed index key did): escape it,
-        # so that the message stays one line and still shows the value as it is
-        message = str(exc).replace("\r", "\\r").replace("\n", "\\n")
-        sys.stderr.write(f"docker-variant: {message}\n")
+        # a value quoted in a message may hold a newline (a fuzzed index key did) or a
+        # terminal escape: shown as escapes, the message stays one line and harmless
+        sys.stderr.write(f"docker-variant: {safe_text(exc, markup=False)}\n")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("docker-variant: interrupted\n")
         sys.exit(130)
     except Exception as exc:  # a bug: still one line, never a traceback
-        sys.stderr.write(f"docker-variant: internal error: {type(exc).__name__}: {exc}\n")
+        message = safe_text(exc, markup=False)
+        sys.stderr.write(f"docker-variant: internal error: {type(exc).__name__}: {message}\n")
         sys.exit(4)
     sys.exit(code if isinstance(code, int) else 0)

@@ -17,6 +17,7 @@ from docker_variant.cli.options import (
 )
 from docker_variant.cli.output import emit_json, warn
 from docker_variant.cli.select import Target, target_of
+from docker_variant.safetext import safe_text
 
 __all__ = ["K8S_DEFAULT_DEVICE_CLASS", "K8S_MAX_COUNT", "claim_name_hint", "k8s_app"]
 
@@ -90,9 +91,9 @@ def k8s_claim(
             f"docker-variant: no variant of {target.describe()} can be asked of a device:\n"
         )
         for label, why in plan.left_out.items():
-            sys.stderr.write(f"  {label}: {why}\n")
+            sys.stderr.write(safe_text(f"  {label}: {why}", markup=False) + "\n")
         for invalid in target.index.invalid:
-            sys.stderr.write(f"  {invalid.tag}: {invalid.error}\n")
+            sys.stderr.write(safe_text(f"  {invalid.tag}: {invalid.error}", markup=False) + "\n")
         if not plan.left_out and not target.index.invalid:
             sys.stderr.write("  (the version has no images)\n")
         raise typer.Exit(1)

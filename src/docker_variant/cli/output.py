@@ -7,6 +7,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from docker_variant.safetext import safe_text
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -35,4 +37,5 @@ def emit_json(data: Any) -> None:
 
 
 def warn(message: str) -> None:
-    sys.stderr.write(f"docker-variant: warning: {message}\n")
+    """One line on stderr; ``message`` may quote outside text (shown safely)."""
+    sys.stderr.write(f"docker-variant: warning: {safe_text(message, markup=False)}\n")

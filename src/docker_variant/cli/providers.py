@@ -9,6 +9,7 @@ import typer
 from docker_variant.cli.options import EnableOpt, JsonOpt, ProvidersFileOpt, command_options
 from docker_variant.cli.output import emit_json, stdout_console
 from docker_variant.render import host_table
+from docker_variant.safetext import safe_text
 
 __all__ = ["providers"]
 
@@ -33,5 +34,6 @@ def providers(
     if devices:
         for kind, by_id in report.devices.items():
             for device_id, lists in by_id.items():
-                stdout_console().print(f"\n[bold]{kind} device {device_id}[/]")
+                heading = safe_text(f"{kind} device {device_id}", markup=True)
+                stdout_console().print(f"\n[bold]{heading}[/]")
                 stdout_console().print(host_table(lists))

@@ -20,6 +20,7 @@ from docker_variant.cli.options import (
 from docker_variant.cli.output import emit_json, stderr_console, stdout_console
 from docker_variant.errors import InvalidInputError
 from docker_variant.render import selection_json, selection_table
+from docker_variant.safetext import safe_text
 from docker_variant.variant import Candidate, Selection, VariantIndex, select
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def select_for_host(opts: Options, target: Target, platform: str | None) -> Sele
 def report_no_match(selection: Selection, target: Target) -> None:
     sys.stderr.write(f"docker-variant: no variant of {target.describe()} fits this host:\n")
     for c in selection.rejected:
-        sys.stderr.write(f"  {c.label or c.tag}: {c.reason}\n")
+        sys.stderr.write(safe_text(f"  {c.label or c.tag}: {c.reason}", markup=False) + "\n")
     if not selection.rejected:
         sys.stderr.write("  (the version has no images)\n")
 
@@ -205,4 +206,4 @@ def pull(
             }
         )
     else:
-        sys.stdout.write(message + "\n")
+        sys.stdout.write(safe_text(message, markup=False) + "\n")

@@ -15,6 +15,7 @@ from docker_variant.contents.properties import Proposal, Verdict, propose, verif
 from docker_variant.contents.sources import InspectedImage
 from docker_variant.docker.progress import RichMeter
 from docker_variant.errors import InvalidInputError
+from docker_variant.safetext import safe_text
 from docker_variant.variant.labels import labels_for, read_labels
 
 __all__ = [
@@ -90,10 +91,15 @@ def inspect_json(image: InspectedImage) -> dict[str, Any]:
     }
 
 
+def _shown(text: object) -> str:
+    return safe_text(text, markup=True)  # paths, annotations and messages come from the image
+
+
 def inspect_renderable(image: InspectedImage) -> Group:
     data = inspect_json(image)
+    where = f"{image.reference} ({image.source}, {image.platform or '?'})"
     table = Table(
-        title=f"Binaries of {image.reference} ({image.source}, {image.platform or '?'})",
+        title=f"Binaries of {_shown(where)}",
         title_justify="left",
     )
     longest = max((len(f["path"]) for f in data["findings"]), default=4)
@@ -102,31 +108,31 @@ def inspect_renderable(image: InspectedImage) -> Group:
     table.add_column("section", overflow="fold")
     table.add_column("value", overflow="fold")
     for finding in data["findings"]:
-        table.add_row(finding["kind"], finding["path"], finding["section"], finding["value"])
+        table.add_row(*(_shown(finding[key]) for key in ("kind", "path", "section", "value")))
     elf = ", ".join(f"{n} {machine}" for machine, n in data["elf_files"].items()) or "none"
     summary = Table.grid(padding=(0, 2))
-    summary.add_row("ELF files", elf)
+    summary.add_row("ELF files", _shown(elf))
     summary.add_row(
         "x86-64 level unknown", f"{data['x86_64_level_unknown']} ELF(s) without an ISA note"
     )
     summary.add_row("layers", f"{data['layers']} ({data['bytes_read']} bytes read)")
     proposed = data["proposed"]
     props = "\n".join(proposed["properties"]) or "(none: no accelerator or ISA evidence)"
-    summary.add_row("proposed label", proposed["label"])
-    summary.add_row("proposed properties", props)
+    summary.add_row("proposed label", _shown(proposed["label"]))
+    summary.add_row("proposed properties", _shown(props))
     for note in proposed["notes"]:
-        summary.add_row("note", note)
+        summary.add_row("note", _shown(note))
     parts: list[Any] = [table, summary]
     checks = Table.grid(padding=(0, 2))
     labels = data["labels"]
     for error in labels["errors"]:
-        checks.add_row("[red]label refused[/]", error)
+        checks.add_row("[red]label refused[/]", _shown(error))
     for warning in labels["warnings"]:
-        checks.add_row("[yellow]label warning[/]", warning)
+        checks.add_row("[yellow]label warning[/]", _shown(warning))
     if labels["checked"] and not labels["errors"]:
-        checks.add_row("[green]labels agree[/]", ", ".join(labels["checked"]))
+        checks.add_row("[green]labels agree[/]", _shown(", ".join(labels["checked"])))
     for warning in data["warnings"]:
-        checks.add_row("[yellow]skipped[/]", warning)
+        checks.add_row("[yellow]skipped[/]", _shown(warning))
     parts.append(checks)
     return Group(*parts)
 

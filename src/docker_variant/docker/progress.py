@@ -20,6 +20,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from docker_variant.safetext import safe_text
+
 __all__ = ["PROGRESS_FROM", "BuildProgress", "LayerProgress", "RichMeter"]
 
 #: Below this an image reads in about a second: no progress bar (``RichMeter``).
@@ -76,24 +78,28 @@ class LayerProgress(_Bars):
         self.events.append(event)
         layer = event.get("id")
         status = str(event.get("status", ""))
+        shown = safe_text(status, markup=True)  # the engine relays registry text
         if not layer or (":" in str(layer) and not status):
             return
         if layer not in self._tasks:
             if status.startswith(("Pulling from", "The push refers to")):
                 return
             self._tasks[layer] = self._progress.add_task(
-                f"{self.action} {str(layer)[:12]}", total=None, status=status, sized=False
+                safe_text(f"{self.action} {str(layer)[:12]}", markup=True),
+                total=None,
+                status=shown,
+                sized=False,
             )
         task = self._tasks[layer]
         detail = event.get("progressDetail") or {}
         total, current = detail.get("total"), detail.get("current")
         if isinstance(total, int) and total > 0 and isinstance(current, int):
-            self._progress.update(task, total=total, completed=current, status=status, sized=True)
+            self._progress.update(task, total=total, completed=current, status=shown, sized=True)
         elif any(status.startswith(done) for done in _DONE):
             known = self._progress.tasks[task].total
-            self._progress.update(task, total=known or 1, completed=known or 1, status=status)
+            self._progress.update(task, total=known or 1, completed=known or 1, status=shown)
         else:
-            self._progress.update(task, status=status)
+            self._progress.update(task, status=shown)
 
 
 class RichMeter:
@@ -109,7 +115,7 @@ class RichMeter:
             console=console,
             transient=True,
         )
-        self._description = description
+        self._description = safe_text(description, markup=True)
         self._task: TaskID | None = None  # set once the bar is shown
 
     def total(self, size: int | None) -> None:
@@ -149,7 +155,9 @@ class BuildProgress(_Bars):
             disable=not enabled,
         )
         self._tasks = {
-            name: self._progress.add_task(f"build {name}", total=None, status="waiting")
+            name: self._progress.add_task(
+                safe_text(f"build {name}", markup=True), total=None, status="waiting"
+            )
             for name in names
         }
 
@@ -165,4 +173,6 @@ class BuildProgress(_Bars):
     def done(self, name: str, status: str) -> None:
         task = self._tasks[name]
         known = self._progress.tasks[task].total or 1
-        self._progress.update(task, total=known, completed=known, status=status)
+        self._progress.update(
+            task, total=known, completed=known, status=safe_text(status, markup=True)
+        )

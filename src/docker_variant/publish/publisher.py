@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from docker_variant.errors import InvalidInputError
-from docker_variant.oci.client import OCI_INDEX, RegistryClient
+from docker_variant.oci.client import RegistryClient
+from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.errors import NotFoundError
 from docker_variant.oci.imageindex import IndexEntry, order_entries, write_image_index
+from docker_variant.oci.mediatypes import OCI_INDEX
 from docker_variant.oci.reference import Reference
 from docker_variant.oci.scan import VersionImages, scan_images, top_manifest
 
@@ -44,7 +46,7 @@ def plan_index(images: VersionImages, name: str, version: str) -> tuple[list[Ind
         raise NotFoundError(
             f"{name}: no image tagged {version} or {version}-<label> to publish",
             status=404,
-            code="MANIFEST_UNKNOWN",
+            code=ErrorCode.MANIFEST_UNKNOWN,
         )
     if index.invalid:
         bad = index.invalid[0]
