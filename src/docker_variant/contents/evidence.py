@@ -16,6 +16,7 @@ from typing import IO, Any
 from docker_variant.contents.elf import EM_AARCH64, EM_X86_64, ElfFile, gnu_properties
 from docker_variant.contents.fatbin import FatbinError, read_fatbins
 from docker_variant.contents.offload import read_bundles
+from docker_variant.numbers import DIGITS
 
 __all__ = [
     "AARCH64_FEATURES",
@@ -53,15 +54,19 @@ GNU_PROPERTY_AARCH64_FEATURE_1_AND = 0xC0000000
 _AARCH64_BITS = {1: "BTI", 2: "PAC", 4: "GCS"}
 X86_LEVEL_NAMES = {1: "x86-64-baseline", 2: "x86-64-v2", 3: "x86-64-v3", 4: "x86-64-v4"}
 
-_LIBCUDART_VERSIONED = re.compile(r"libcudart\.so\.(\d+)\.(\d+)\.(\d+)")
-_LIBCUDART_WHEEL = re.compile(r"(?:.*/)?nvidia/cuda_runtime/lib/libcudart\.so\.(\d+)")
+# Every number is DIGITS (at most nine digits) and may not run on: a 5,000-digit version in a
+# file name or a version file matches nothing and is ignored (int() of it would raise).
+_END = r"(?![0-9]|\.[0-9])"
+_LIBCUDART_VERSIONED = re.compile(rf"libcudart\.so\.({DIGITS})\.({DIGITS})\.({DIGITS})")
+_LIBCUDART_WHEEL = re.compile(rf"(?:.*/)?nvidia/cuda_runtime/lib/libcudart\.so\.({DIGITS})")
 _DIST_INFO = re.compile(
-    r"(?:(.*)/)?nvidia_cuda_runtime_cu(\d+)-(\d+)\.(\d+)(?:\.(\d+))?[^/]*\.dist-info/METADATA"
+    rf"(?:(.*)/)?nvidia_cuda_runtime_cu({DIGITS})-({DIGITS})\.({DIGITS})(?:\.({DIGITS}))?{_END}"
+    r"[^/]*\.dist-info/METADATA"
 )
 _CUDA_VERSION_FILE = re.compile(r"(?:.*/)?cuda(?:-[0-9.]+)?/version\.(json|txt)")
 _ROCM_VERSION_FILE = re.compile(r"(?:.*/)?rocm(?:-[0-9.]+)?/\.info/version")
 _HWCAPS = re.compile(r"(?:.*/)?glibc-hwcaps/x86-64-v([234])(?:/.*)?")
-_VERSION_TEXT = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+_VERSION_TEXT = re.compile(rf"(?<![0-9.])({DIGITS})\.({DIGITS})(?:\.({DIGITS}))?{_END}")
 SMALL_FILE_LIMIT = 64 << 10
 
 
