@@ -1,7 +1,14 @@
-"""Host providers (SPEC section 4): what this host and each of its devices support.
+"""Host providers: what this host and each of its devices support.
 
 ``detect_host`` is the one entry point: a providers file replaces detection; otherwise the
-built-in CPU and NVIDIA providers run, plus third-party plugins opted in by name.
+built-in providers run (CPU through the wheelnext plugins, ``nvidia`` through NVML, ``amd``
+from the KFD sysfs topology), device descriptors apply to the PCI devices they match, and
+third-party plugins run when opted in by name (a plugin replaces a descriptor of its
+namespace). File-based detection reads under the host root (``--host-root``,
+``$DOCKER_VARIANT_HOST_ROOT``, default ``/``); NVML is not affected by it.
+
+The CPU plugins and NVML are slow to ask, so their answer is cached (``providers.cache``);
+the sysfs files and descriptors are read every time.
 """
 
 from __future__ import annotations
@@ -12,32 +19,86 @@ from pathlib import Path
 
 from docker_variant.jsondoc import read_json_file
 from docker_variant.providers.cache import cached_detection
+from docker_variant.providers.hostroot import HOST_ROOT_ENV, HostRoot
 from docker_variant.providers.report import HostReport
 from docker_variant.variant.model import parse_supported_lists
 
-__all__ = ["PROVIDERS_FILE_ENV", "HostReport", "detect_host", "read_providers_file"]
+__all__ = [
+    "HOST_ROOT_ENV",
+    "PROVIDERS_FILE_ENV",
+    "HostReport",
+    "HostRoot",
+    "detect_host",
+    "read_providers_file",
+]
 
 PROVIDERS_FILE_ENV = "DOCKER_VARIANT_PROVIDERS_FILE"
 ENABLE_PROVIDERS_ENV = "DOCKER_VARIANT_ENABLE_PROVIDERS"
 
 
 def read_providers_file(path: str | Path) -> HostReport:
-    """The PEP's user-supplied static list: ``{namespace: {feature: [values]}}``."""
+    """The PEP's user-supplied static list: ``{namespace: {feature: [values]}}``, or
+    ``{"host": LISTS, "devices": {namespace: {device id: LISTS}}}`` (what
+    ``providers --devices --json`` prints), which also describes each device."""
     what = f"providers file {str(path)!r}"
-    return HostReport(parse_supported_lists(read_json_file(path, what), what))
+    data = read_json_file(path, what)
+    if isinstance(data, dict) and set(data) <= {"host", "devices", "sources"} and "host" in data:
+        return HostReport.from_json(data, what)
+    return HostReport(parse_supported_lists(data, what), sources={"*": f"providers file {path}"})
 
 
-def _detect(enabled: Sequence[str], env: Mapping[str, str]) -> HostReport:
+def _detect_cached(enabled: Sequence[str], env: Mapping[str, str]) -> HostReport:
+    """What the CPU plugins, NVML and opted-in plugins say (the slow, cached part)."""
     from docker_variant.providers import nvidia
     from docker_variant.providers.cpu import detect_cpu
     from docker_variant.providers.plugins import find_plugin
 
     host = detect_cpu()
+    sources = {ns: "built-in (wheelnext CPU plugin)" for ns, lists in host.items() if lists}
     gpus = nvidia.detect(env)
     host["nvidia"] = gpus.host
+    if gpus.host:
+        sources["nvidia"] = "built-in (NVML / nvidia-smi)"
     for namespace in enabled:
         host[namespace] = find_plugin(namespace).supported_lists()
-    return HostReport(host, {"nvidia": gpus.devices} if gpus.devices else {})
+        sources[namespace] = f"plugin {namespace} (--enable-provider)"
+    return HostReport(host, {"nvidia": gpus.devices} if gpus.devices else {}, sources)
+
+
+def _detect_files(
+    report: HostReport,
+    enabled: Sequence[str],
+    env: Mapping[str, str],
+    root: HostRoot,
+    descriptors: str | Path | None,
+) -> HostReport:
+    """Add what the files under the host root say: the ``amd`` GPUs and the descriptors'
+    devices (a plugin opted in for a namespace replaces its descriptor)."""
+    from docker_variant.providers import amd
+    from docker_variant.providers.descriptors import (
+        apply_descriptors,
+        descriptor_dirs,
+        read_descriptors,
+    )
+
+    host = {ns: dict(lists) for ns, lists in report.host.items()}
+    devices = {kind: dict(ids) for kind, ids in report.devices.items()}
+    sources = dict(report.sources)
+    gpus = amd.detect(root, env)
+    host["amd"] = gpus.host
+    if gpus.devices:
+        devices["amd"] = gpus.devices
+    if gpus.host:
+        sources["amd"] = f"built-in (KFD sysfs under {root})"
+    for described in apply_descriptors(read_descriptors(descriptor_dirs(descriptors, env)), root):
+        namespace = described.descriptor.namespace
+        if namespace in enabled:
+            sources[namespace] += f"; replaces descriptor {described.descriptor.source}"
+            continue
+        host[namespace] = described.host
+        devices[namespace] = dict(described.devices)
+        sources[namespace] = f"descriptor {described.descriptor.source}"
+    return HostReport(host, devices, sources)
 
 
 def detect_host(
@@ -45,13 +106,21 @@ def detect_host(
     enable: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     use_cache: bool = True,
+    host_root: str | Path | None = None,
+    descriptors: str | Path | None = None,
 ) -> HostReport:
+    """The host's report. ``host_root`` (else ``$DOCKER_VARIANT_HOST_ROOT``, else ``/``)
+    is where sysfs and ``opt/rocm`` are read; ``descriptors`` a directory of descriptors
+    read after the system's and the user's."""
     env = os.environ if env is None else env
     providers_file = providers_file or env.get(PROVIDERS_FILE_ENV) or None
     if providers_file:
         return read_providers_file(providers_file)
+    root = HostRoot.resolve(host_root, env)
     from_env = [ns.strip() for ns in env.get(ENABLE_PROVIDERS_ENV, "").split(",") if ns.strip()]
     enabled = sorted({*enable, *from_env})
-    if not use_cache:
-        return _detect(enabled, env)
-    return cached_detection(lambda: _detect(enabled, env), env, enabled)
+    if use_cache:
+        slow = cached_detection(lambda: _detect_cached(enabled, env), env, enabled)
+    else:
+        slow = _detect_cached(enabled, env)
+    return _detect_files(slow, enabled, env, root, descriptors)
