@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from docker_variant.contents.elf import ELF_MAGIC, ElfError, read_elf
 from docker_variant.contents.evidence import (
@@ -59,7 +60,9 @@ __all__ = [
 
 SPOOL_MEMORY = 16 << 20  # an ELF above this goes to a temp file while its headers are read
 MAX_ELF = 4 << 30  # a bigger ELF is skipped with a warning: the spool's bound on disk
+MAX_PATH = 4096  # Linux's PATH_MAX: a longer member name or link target is skipped
 _MAX_SYMLINK_HOPS = 40  # Linux's ELOOP limit
+_MAX_RESOLVE_STEPS = 4096
 
 ProgressCallback = Callable[[int], None]
 
@@ -149,6 +152,12 @@ def scan_layer(
 
 
 def _member(member: Member, data: MemberData, scan: LayerScan, spool_dir: Path | None) -> None:
+    if len(member.name) > MAX_PATH or len(member.linkname) > MAX_PATH:
+        scan.warnings.append(
+            f"layer {scan.name}: skipped member {member.name[:80]!r}...: a name or link "
+            f"target longer than {MAX_PATH} bytes"
+        )
+        return
     path = normalise(member.name)
     if path is None:
         scan.warnings.append(
@@ -221,26 +230,45 @@ def _read_elf_member(
             return []
 
 
-def _ancestors(path: str) -> Iterable[str]:
-    parts = path.split("/")
-    for i in range(1, len(parts)):
-        yield "/".join(parts[:i]) or "/"
+class _Hiders:
+    """What one layer hides of the layers below: its entries, its whiteouts and, below each
+    whiteout or opaque directory, everything. Directories are kept as a tree of path
+    components, so a check walks a path once (no string per ancestor)."""
 
+    def __init__(self, scan: LayerScan) -> None:
+        self._scan = scan
+        self._all = "/" in scan.opaque
+        self._tree: dict[str, Any] = {}
+        for directory in scan.whiteouts | scan.opaque:
+            node = self._tree
+            for part in directory.split("/")[1:]:
+                node = node.setdefault(part, {})
+            node[""] = True  # no real component is empty: the mark of a hiding directory
 
-def _hidden_by(path: str, scan: LayerScan) -> bool:
-    """Whether the layer ``scan`` replaces, whites out or hides ``path`` of a lower layer."""
-    if path in scan.entries or path in scan.whiteouts:
-        return True
-    return any(a in scan.whiteouts or a in scan.opaque for a in _ancestors(path))
+    def hide(self, path: str) -> bool:
+        if path in self._scan.entries or path in self._scan.whiteouts or self._all:
+            return True
+        node = self._tree
+        for part in path.split("/")[1:-1]:
+            node = node.get(part)  # type: ignore[assignment]
+            if node is None:
+                return False
+            if "" in node:
+                return True
+        return False
 
 
 def resolve(path: str, links: dict[str, str]) -> str:
     """``path`` with every symlink on the way followed, inside the image root (``..`` at the
-    root stays there); raises ``ElfError`` naming a loop."""
+    root stays there); raises ``ElfError`` naming a loop, or a path that grows past
+    ``MAX_PATH`` bytes or ``_MAX_RESOLVE_STEPS`` components on the way."""
     pending = deque(p for p in path.split("/") if p)
-    resolved: list[str] = []
-    hops = 0
+    resolved: list[str] = []  # the path so far, as its prefixes: each step costs one string
+    hops = steps = 0
     while pending:
+        steps += 1
+        if steps > _MAX_RESOLVE_STEPS:
+            raise ElfError(f"more than {_MAX_RESOLVE_STEPS} path components to resolve")
         part = pending.popleft()
         if part in ("", "."):
             continue
@@ -248,10 +276,12 @@ def resolve(path: str, links: dict[str, str]) -> str:
             if resolved:
                 resolved.pop()
             continue
-        candidate = "/" + "/".join([*resolved, part])
+        candidate = (resolved[-1] if resolved else "") + "/" + part
+        if len(candidate) > MAX_PATH:
+            raise ElfError(f"a path longer than {MAX_PATH} bytes on the way")
         target = links.get(candidate)
         if target is None:
-            resolved.append(part)
+            resolved.append(candidate)
             continue
         hops += 1
         if hops > _MAX_SYMLINK_HOPS:
@@ -259,7 +289,7 @@ def resolve(path: str, links: dict[str, str]) -> str:
         if target.startswith("/"):
             resolved = []
         pending.extendleft(reversed([p for p in target.split("/") if p]))
-    return "/" + "/".join(resolved)
+    return resolved[-1] if resolved else "/"
 
 
 def merge_layers(scans: Sequence[LayerScan]) -> ImageContents:
@@ -268,9 +298,10 @@ def merge_layers(scans: Sequence[LayerScan]) -> ImageContents:
     links: dict[str, str] = {}
     warnings: list[str] = []
     for scan in scans:
-        for path in [p for p in files if _hidden_by(p, scan)]:
+        hiders = _Hiders(scan)
+        for path in [p for p in files if hiders.hide(p)]:
             del files[path]
-        for path in [p for p in links if _hidden_by(p, scan)]:
+        for path in [p for p in links if hiders.hide(p)]:
             del links[path]
         files.update(scan.findings)
         links.update(scan.symlinks)
