@@ -281,6 +281,10 @@ def test_every_string_of_the_index_document_is_checked(
         (["providers", "--providers-file", "BINARY"], "not UTF-8 text"),
         (["resolve", "--platform", "linux", "--index", "GOOD"], "'linux' is not a platform"),
         (["build", "--matrix", "/nonexistent.toml", "r.example/a:1"], "cannot read it"),
+        (["build", "--matrix", "/dev/zero", "r.example/a:1"], "larger than the 1048576 bytes"),
+        (["build", "--matrix", "DEEP_TOML", "r.example/a:1"], "nested more than 32 levels"),
+        (["build", "--matrix", "HUGE_INT_TOML", "r.example/a:1"], "a number of more than"),
+        (["build", "--matrix", "OUTSIDE_TOML", "r.example/a:1"], "no '..', not absolute"),
         (["publish", "r.example/a"], "publish needs registry/name:version"),
         (["publish", "r.example/a@sha256:" + "a" * 64], "publish needs registry/name:version"),
     ],
@@ -293,6 +297,9 @@ def test_every_cli_input_error_is_exit_2_in_one_line(
         "UTF16": '{"nvidia": {}}'.encode("utf-16"),
         "BINARY": bytes(range(256)),
         "GOOD": json.dumps(INDEX).encode(),
+        "DEEP_TOML": b"a = " + b"[" * 100_000 + b"]" * 100_000,
+        "HUGE_INT_TOML": b"a = 1" + b"0" * 5_000,
+        "OUTSIDE_TOML": b'dockerfile = "../outside/Dockerfile"\n[[variant]]\nbare = true\n',
     }
     resolved = []
     for arg in args:

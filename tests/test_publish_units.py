@@ -4,10 +4,12 @@ image index written and read back, which entry variant-unaware clients get, the 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from docker_variant.docker.context import context_archive
 from docker_variant.errors import InvalidInputError
 from docker_variant.oci.client import OCI_MANIFEST, retry_after
 from docker_variant.oci.imageindex import (
@@ -16,7 +18,7 @@ from docker_variant.oci.imageindex import (
     read_image_index,
     write_image_index,
 )
-from docker_variant.publish.matrix import parse_matrix
+from docker_variant.publish.matrix import load_matrix, parse_matrix
 from docker_variant.variant import build_index, select
 from docker_variant.variant.labels import labels_for
 from docker_variant.variant.model import parse_property
@@ -205,6 +207,11 @@ def test_a_matrix_entry_gets_its_labels_args_and_platform() -> None:
         ("[[variant]]\nproperties = []\n", "needs a label"),
         ('dockerfile = "Dockerfile"\n', "no [[variant]] entries"),
         ("this is = not toml", "not valid TOML"),
+        (GOOD.replace('"build/Dockerfile"', '"../outside/Dockerfile"'), "no '..', not absolute"),
+        (GOOD.replace('"build/Dockerfile"', '"build/../../Dockerfile"'), "no '..'"),
+        ("a = " + "{b = " * 40 + "1" + "}" * 40, "nested more than 32 levels"),
+        ("a = " + "[" * 50_000 + "]" * 50_000, "nested more than 32 levels"),
+        ("n = 1" + "0" * 5_000, "a number of more than 4300 digits"),
         (GOOD.replace("CUDA =", '"BAD-NAME" ='), "'BAD-NAME' is not a build argument name"),
     ],
 )
@@ -222,3 +229,26 @@ def test_a_bad_matrix_is_refused_naming_the_entry_and_rule(text: str, expected: 
 )
 def test_retry_after(header: str | None, seconds: float) -> None:
     assert retry_after(header) == seconds
+
+
+def test_a_matrix_file_is_read_with_a_bound(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInputError, match="larger than the 1048576 bytes allowed"):
+        load_matrix(Path("/dev/zero"))  # one read of 1 MiB + 1, then refused
+    big = tmp_path / "big.toml"
+    big.write_text("# " + "x" * (1 << 20) + "\n")
+    with pytest.raises(InvalidInputError, match=r"big\.toml.*larger than"):
+        load_matrix(big)
+
+
+def test_a_dockerfile_symlink_out_of_the_context_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "Dockerfile").write_text("FROM scratch\n")
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "Dockerfile").symlink_to(outside / "Dockerfile")
+    with pytest.raises(InvalidInputError, match="leads outside it"):
+        context_archive(context, "Dockerfile")
+    (context / "sub").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(InvalidInputError, match="leads outside it"):
+        context_archive(context, "sub/Dockerfile")

@@ -49,7 +49,13 @@ def context_archive(root: Path, dockerfile: str) -> bytes:
     """The context under ``root`` as an uncompressed tar; ``dockerfile`` must be in it."""
     if not root.is_dir():
         raise InvalidInputError(f"build context {str(root)!r} is not a directory")
-    if not (root / dockerfile).is_file():
+    target = (root / dockerfile).resolve()
+    if not target.is_relative_to(root.resolve()):
+        raise InvalidInputError(
+            f"build context {str(root)!r}: dockerfile {dockerfile!r} leads outside it "
+            f"(to {str(target)!r}); the engine sees only the context"
+        )
+    if not target.is_file():
         raise InvalidInputError(
             f"build context {str(root)!r} has no {dockerfile!r} (the matrix's dockerfile)"
         )

@@ -21,13 +21,13 @@ bare = true                               # the bare image, tagged VERSION
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from docker_variant.errors import InvalidInputError
+from docker_variant.tomldoc import load_toml, read_toml_file
 from docker_variant.variant.labels import labels_for
 from docker_variant.variant.model import check_namespace, parse_property
 from docker_variant.variant.platform import Platform
@@ -58,30 +58,34 @@ class Matrix:
 
 
 def load_matrix(path: Path) -> Matrix:
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise InvalidInputError(
-            f"matrix file {str(path)!r}: cannot read it ({exc.strerror})"
-        ) from exc
-    except UnicodeDecodeError as exc:
-        raise InvalidInputError(
-            f"matrix file {str(path)!r}: not UTF-8 text ({exc.reason})"
-        ) from exc
-    return parse_matrix(text, f"matrix file {str(path)!r}")
+    """The matrix file at ``path``, read with ``tomldoc``'s bounds (1 MiB, nesting)."""
+    source = f"matrix file {str(path)!r}"
+    return _matrix(read_toml_file(path, source), source)
 
 
 def parse_matrix(text: str, source: str = "matrix") -> Matrix:
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidInputError(f"{source}: not valid TOML ({exc})") from exc
-    _no_unknown(data, _TOP_KEYS, source)
-    dockerfile = data.get("dockerfile", "Dockerfile")
-    if not isinstance(dockerfile, str) or not dockerfile or dockerfile.startswith("/"):
+    return _matrix(load_toml(text.encode("utf-8"), source), source)
+
+
+def _dockerfile(value: object, source: str) -> str:
+    """A relative path that stays inside the build context on its own: no ``..`` part
+    (``context_archive`` also refuses a symlink that leads out)."""
+    if (
+        not isinstance(value, str)
+        or not value
+        or value.startswith("/")
+        or ".." in PurePosixPath(value).parts
+    ):
         raise InvalidInputError(
-            f"{source}: dockerfile {dockerfile!r} must be a path inside the build context"
+            f"{source}: dockerfile {value!r} must be a relative path inside the build "
+            "context (no '..', not absolute)"
         )
+    return value
+
+
+def _matrix(data: dict[str, Any], source: str) -> Matrix:
+    _no_unknown(data, _TOP_KEYS, source)
+    dockerfile = _dockerfile(data.get("dockerfile", "Dockerfile"), source)
     order = data.get("namespace-order", [])
     if not isinstance(order, list):
         raise InvalidInputError(f"{source}: namespace-order must be a list of namespaces")
