@@ -2,9 +2,10 @@
 (167 MB, from the ``nvidia-curand-cu12`` 10.3.10.19 wheel) against ``tar -xzOf LAYER >
 /dev/null`` of the same layer (issue 9's aim: within 2x of tar).
 
-Run: .venv/bin/python bench/bench_inspect.py [--rounds N] [--wheels DIR] [--registry]
+Run: .venv/bin/python bench/bench_inspect.py [--rounds N] [--wheels DIR] [--registry] [--tiny]
 (the wheel comes from pytest's cache, ``.pytest_cache/d/docker-variant-nvidia-wheels``, as the
-tests left it, else ``pip download``; about a minute here.)
+tests left it, else ``pip download``; about a minute here. ``--tiny``: one round over a small
+layer of this interpreter's own ELF, no download, in seconds: a check that the bench runs.)
 
 Each round runs both, alternating which goes first; the walker runs in a child process of
 its own so that its peak RSS (``ru_maxrss``) can be reported: the layer must never be held in
@@ -49,6 +50,18 @@ def _layer(wheel: Path, work: Path) -> Path:
     site.mkdir(parents=True)
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(site)
+    layer = work / "layer.tar.gz"
+    subprocess.run(["tar", "-czf", str(layer), "-C", str(root), "."], check=True)
+    return layer
+
+
+def _tiny_layer(work: Path) -> Path:
+    """A small gzip layer: this interpreter's executable (a real ELF) and some text."""
+    root = work / "root"
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/bin/python").write_bytes(Path(sys.executable).resolve().read_bytes())
+    (root / "etc").mkdir()
+    (root / "etc/motd").write_text("tiny bench layer\n" * 1000)
     layer = work / "layer.tar.gz"
     subprocess.run(["tar", "-czf", str(layer), "-C", str(root), "."], check=True)
     return layer
@@ -164,15 +177,27 @@ def main() -> None:
         action="store_true",
         help="also time the whole CLI against a loopback registry (docker-registry)",
     )
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="one round over a small layer of this interpreter's ELF (no download): seconds",
+    )
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _child(args.child)
         return
+    if args.tiny:
+        args.rounds = 1
     with tempfile.TemporaryDirectory(prefix="bench-inspect-") as name:
-        layer = _layer(_wheel(args.wheels), Path(name))
-        size = layer.stat().st_size
-        print(f"layer: {size / 1e6:.1f} MB gzip (libcurand.so.10 inside, 167 MB)")
+        if args.tiny:
+            layer = _tiny_layer(Path(name))
+            size = layer.stat().st_size
+            print(f"layer: {size / 1e6:.2f} MB gzip (tiny: {Path(sys.executable).name} inside)")
+        else:
+            layer = _layer(_wheel(args.wheels), Path(name))
+            size = layer.stat().st_size
+            print(f"layer: {size / 1e6:.1f} MB gzip (libcurand.so.10 inside, 167 MB)")
         walks: list[float] = []
         tars: list[float] = []
         rss: list[float] = []
