@@ -456,3 +456,81 @@ def test_placement_gives_up_after_losing_every_race(
         "cu128": "the devices it was given were taken by concurrent placements 2 times in a "
         "row; try again"
     }
+
+
+# --------------------------------------------------------------------------- huge numbers
+
+HUGE = "1" * 5000  # past Python's int-string limit (4,300 digits)
+
+
+def _with_value(namespace: str, feature: str, value: str) -> dict[str, Any]:
+    index = json.loads(json.dumps(INDEX))
+    index["variants"]["cu128"][namespace] = {feature: [value]}
+    return index
+
+
+@pytest.mark.parametrize(
+    ("namespace", "feature", "value"),
+    [
+        ("nvidia", "cuda_version_lower_bound", HUGE),
+        ("nvidia", "cuda_version_lower_bound", f"12.{HUGE}"),
+        ("nvidia", "sm_arch", f"{HUGE}_real"),
+        ("x86_64", "level", f"v{HUGE}"),
+        ("amd", "gfx_arch", f"gfx{HUGE}"),
+        ("amd", "rocm_version", f"6.{HUGE}"),
+    ],
+)
+def test_an_index_with_a_5000_digit_number_is_400_in_one_line(
+    api: httpx.Client, namespace: str, feature: str, value: str
+) -> None:
+    put_agent(api, "node", agent_body(H200_R570, 2))
+    index = _with_value(namespace, feature, value)
+    request = {"index": index, "nodes": 1, "devices_per_node": 1}
+    for answer in (
+        api.post("/v1/placements", json=request),
+        api.post("/v1/what-if", json={"request": request, "templates": []}),
+    ):
+        assert answer.status_code == 400, answer.text
+        message = error_message(answer)
+        assert len(message) < 400 and f"{namespace} :: {feature}" in message
+
+
+def test_a_5000_digit_number_elsewhere_never_makes_a_500(api: httpx.Client) -> None:
+    """Where a value has no numeric rule (a namespace of its own) it is a plain string, and
+    device ids of 255 digits are ordered without int(): placements answer as usual."""
+    body = agent_body(H200_R570, 0)
+    body["devices"] = {"cuda": {"9" * 255: gpu_lists(H200_R570), "1" * 255: gpu_lists(H200_R570)}}
+    body["host"] = {**body["host"], "acme": {"arch": [HUGE]}}
+    put_agent(api, "node", body)
+    placed = api.post(
+        "/v1/placements",
+        json={"index": _with_value("acme", "arch", HUGE), "nodes": 1, "devices_per_node": 2},
+    )
+    assert placed.status_code == 201, placed.text
+    assert placed.json()["allocations"][0]["devices"] == ["1" * 255, "9" * 255]
+    assert api.get("/v1/agents/node").status_code == 200
+
+
+def test_replace_is_400_when_the_registry_now_holds_a_5000_digit_number(
+    store: Store,
+) -> None:
+    """The index is fetched again for a replace: one the registry now serves with such a
+    number is refused in one line (the old placement stays as it was)."""
+    served = [INDEX]
+
+    def fetch(reference: Any) -> tuple[Reference, VariantIndex]:
+        return parse_reference(str(reference)), VariantIndex.from_json(served[0], "index")
+
+    with client_for(store, fetch) as api:
+        put_agent(api, "node", agent_body(H200_R570, 2))
+        placed = api.post(
+            "/v1/placements",
+            json={"image": "registry.example/app:2.0", "nodes": 1, "devices_per_node": 1},
+        )
+        assert placed.status_code == 201, placed.text
+        put_agent(api, "node", agent_body(H200_R570, 2) | {"unhealthy": {"cuda": ["GPU-0"]}})
+        served[0] = _with_value("nvidia", "cuda_version_lower_bound", HUGE)
+        answer = api.post(f"/v1/placements/{placed.json()['id']}/replace")
+        assert answer.status_code == 400, answer.text
+        assert "nvidia :: cuda_version_lower_bound" in error_message(answer)
+        assert api.get(f"/v1/placements/{placed.json()['id']}").json()["state"] == "degraded"

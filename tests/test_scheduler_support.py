@@ -21,7 +21,6 @@ import socket
 import subprocess
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -117,6 +116,18 @@ def gpu_only_index() -> dict[str, Any]:
 # --------------------------------------------------------------------------- servers
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, with an event set once it listens."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        self.ready.set()
+
+
 class SchedulerServer:
     """The scheduler app under uvicorn on 127.0.0.1, in a thread of the test process."""
 
@@ -137,18 +148,19 @@ class SchedulerServer:
         config = uvicorn.Config(
             app, log_config=None, log_level="warning", lifespan="off", **(tls or {})
         )
-        self.server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True
-        )
+        self.server = _Server(config)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.server.run(sockets=[self._sock])
+        finally:
+            self.server.ready.set()  # a server that failed to start wakes the waiter too
 
     def __enter__(self) -> SchedulerServer:
         self._thread.start()
-        deadline = time.monotonic() + 15
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the scheduler did not start")
-            time.sleep(0.01)
+        if not self.server.ready.wait(timeout=15) or not self.server.started:
+            raise RuntimeError("the scheduler did not start")
         return self
 
     def __exit__(self, *_exc: object) -> None:

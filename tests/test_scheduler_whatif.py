@@ -25,7 +25,12 @@ from docker_variant.scheduler.documents import SHARE, AgentReport
 from docker_variant.scheduler.placement import Plan, plan
 from docker_variant.scheduler.pool import Pool, build_pool
 from docker_variant.scheduler.tokens import load_tokens
-from docker_variant.scheduler.whatif import parse_what_if, what_if
+from docker_variant.scheduler.whatif import (
+    MAX_VIRTUAL_DEVICES,
+    WhatIfTooCostlyError,
+    parse_what_if,
+    what_if,
+)
 from docker_variant.variant import VariantIndex
 from imaging import ImageBuilder
 from test_fuzz import MUTATIONS, _mutate
@@ -459,6 +464,48 @@ def test_bad_what_if_requests_are_400_naming_the_value(
         response = api.post("/v1/what-if", json=body)
     assert response.status_code == 400, response.text
     assert message in error_message(response)
+
+
+def test_a_what_if_above_the_size_limit_is_400_naming_it(sqlite_store: Store) -> None:
+    """10,000 nodes of a 1,024-GPU template (81 s of CPU before the limit) is refused before
+    any plan; the largest question allowed still answers."""
+    heavy = template("big", H200_R570, 1024)
+    request = {"index": gpu_only_index(), "nodes": 10_000, "devices_per_node": 1024}
+    with client_for(sqlite_store) as api:
+        refused = api.post("/v1/what-if", json={"request": request, "templates": [heavy]})
+        assert refused.status_code == 400, refused.text
+        message = error_message(refused)
+        assert "10000 nodes x 1024 devices" in message and f"{MAX_VIRTUAL_DEVICES:,}" in message
+        assert "\n" not in message
+        largest = {**request, "nodes": MAX_VIRTUAL_DEVICES // 1024}
+        answer = api.post("/v1/what-if", json={"request": largest, "templates": [heavy]})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["options"] == [{"template": "big", "nodes": 256, "variant": "cu128"}]
+
+
+def test_what_if_stops_at_its_deadline_counted_in_plans() -> None:
+    """A clock that moves one second at each reading (0 at the start, then once before each
+    plan): a 5 s deadline lets exactly four plans run (the question needs many more: 64
+    templates), then stops with one line naming the deadline."""
+    question = parse_what_if(
+        {
+            "request": {"index": gpu_only_index(), "nodes": 8, "devices_per_node": 4},
+            "templates": [template(f"t{i}", H200_R570) for i in range(64)],
+        }
+    )
+    assert question.request.index is not None
+    ticks = iter(range(1000))
+    with pytest.raises(WhatIfTooCostlyError, match="deadline of 5 s of planning, after 4 plans"):
+        what_if(
+            question.request.index,
+            question.request,
+            build_pool([]),
+            question.templates,
+            deadline_s=5,
+            clock=lambda: float(next(ticks)),
+        )
+    ample = what_if(question.request.index, question.request, build_pool([]), question.templates)
+    assert len(ample.options) == 64
 
 
 def test_what_if_takes_the_placement_token_rules(tmp_path: Path) -> None:

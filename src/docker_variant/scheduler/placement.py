@@ -46,6 +46,7 @@ from typing import Any
 from docker_variant.scheduler.documents import SHARE
 from docker_variant.scheduler.pool import (
     Device,
+    NaturalKey,
     Node,
     Pool,
     ProfileKey,
@@ -316,7 +317,7 @@ def _unit(
     return _Unit(node, device_name, devices, class_of, free, host_class, spare, platform, shares)
 
 
-def _device_order(device: Device) -> tuple[tuple[int, int | str], ...]:
+def _device_order(device: Device) -> NaturalKey:
     return natural_key(device.device_id)
 
 

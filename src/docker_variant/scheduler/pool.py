@@ -28,6 +28,7 @@ __all__ = [
     "WHOLE",
     "Device",
     "DeviceKey",
+    "NaturalKey",
     "Node",
     "Pool",
     "ProfileKey",
@@ -441,8 +442,19 @@ def pool_shares(pool: Pool) -> Shares:
     return Shares(capacity, free, stranded)
 
 
-def natural_key(value: str) -> tuple[tuple[int, int | str], ...]:
-    """Numbers compared as numbers: ``gpu2`` before ``gpu10``, ``12.8`` before ``12.10``."""
-    return tuple(
-        (0, int(part)) if part.isdigit() else (1, part) for part in re.findall(r"\d+|\D+", value)
-    )
+NaturalKey = tuple[tuple[int, int, str], ...]
+_RUNS = re.compile(r"[0-9]+|[^0-9]+")
+
+
+def natural_key(value: str) -> NaturalKey:
+    """Numbers compared as numbers: ``gpu2`` before ``gpu10``, ``12.8`` before ``12.10``.
+    A run of digits compares by its length without leading zeros, then its text, so no run,
+    however long, is turned into an int (linear in the text, and never a 500)."""
+    key = []
+    for run in _RUNS.findall(value):
+        if run[0].isascii() and run[0].isdigit():
+            digits = run.lstrip("0") or "0"
+            key.append((0, len(digits), digits))
+        else:
+            key.append((1, 0, run))
+    return tuple(key)

@@ -15,6 +15,13 @@ any candidate the template fits. So a search over ``1..nodes`` (doubling, then h
 with ``plan`` as the oracle, finds the fewest in about 2 log2(N) plans; a randomized test
 checks it against trying every N.
 
+**Bounded work.** Each plan of the search visits the virtual nodes it picks device by device,
+so the work grows with the gang's nodes times a template's devices: a question is refused
+(400, naming the limit) when that product exceeds ``MAX_VIRTUAL_DEVICES`` for any template,
+and the search stops at a deadline (``DEADLINE_S`` by default; checked before every plan) with
+a refusal that names it, so that no question holds a worker, or a server that was told to
+stop, for longer.
+
 A template that does not help is explained: no variant fits one of its nodes (its platform
 has no image, its devices fit no variant, it has too few devices), or it would take more
 than its ``max_nodes``.
@@ -23,7 +30,8 @@ than its ``max_nodes``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -41,18 +49,29 @@ from docker_variant.scheduler.pool import Node, Pool, build_pool
 from docker_variant.variant.index import VariantIndex
 
 __all__ = [
+    "DEADLINE_S",
     "MAX_TEMPLATES",
+    "MAX_VIRTUAL_DEVICES",
     "NodeTemplate",
     "Option",
     "WhatIf",
     "WhatIfQuestion",
+    "WhatIfTooCostlyError",
     "parse_what_if",
     "what_if",
 ]
 
 MAX_TEMPLATES = 64  # each costs a few plans: bounded, as every input of the scheduler is
+#: The most virtual devices (the request's nodes times a template's devices) one template
+#: may add: a gang of 1,000 nodes with 256 devices each, or 10,000 with 26.
+MAX_VIRTUAL_DEVICES = 262_144
+DEADLINE_S = 10.0  # of planning per question
 _TEMPLATE_KEYS = {"name", "host", "devices", "platform", "max_nodes", "cost"}
 _VIRTUAL = "#"  # in virtual agent ids: a character no real agent id may hold
+
+
+class WhatIfTooCostlyError(InvalidInputError):
+    """The question would take more planning than the limits allow (400)."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +159,13 @@ def parse_what_if(data: object) -> WhatIfQuestion:
         if template.name in seen:
             raise InvalidInputError(f"templates: name {template.name!r} appears twice")
         seen.add(template.name)
+        devices = sum(len(ids) for ids in template.report.devices.values())
+        if request.nodes * devices > MAX_VIRTUAL_DEVICES:
+            raise WhatIfTooCostlyError(
+                f"template {template.name!r}: {request.nodes} nodes x {devices} devices is "
+                f"{request.nodes * devices:,} virtual devices, more than the limit "
+                f"{MAX_VIRTUAL_DEVICES:,} (ask for fewer nodes, or a template with fewer devices)"
+            )
     return WhatIfQuestion(request, tuple(templates))
 
 
@@ -195,6 +221,25 @@ def _plan(index: VariantIndex, pool: Pool, request: PlacementRequest) -> Plan | 
     )
 
 
+class _Budget:
+    """Plans run against a deadline, checked before each one."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float]) -> None:
+        self.seconds = seconds
+        self.clock = clock
+        self.until = clock() + seconds
+        self.plans = 0
+
+    def plan(self, index: VariantIndex, pool: Pool, request: PlacementRequest) -> Plan | Refusal:
+        if self.clock() >= self.until:
+            raise WhatIfTooCostlyError(
+                f"what-if: stopped at its deadline of {self.seconds:g} s of planning, after "
+                f"{self.plans} plans (ask for fewer nodes or fewer templates)"
+            )
+        self.plans += 1
+        return _plan(index, pool, request)
+
+
 def _label(found: Plan) -> str | None:
     return found.candidate.label
 
@@ -204,10 +249,15 @@ def what_if(
     request: PlacementRequest,
     pool: Pool,
     templates: Sequence[NodeTemplate],
+    *,
+    deadline_s: float = DEADLINE_S,
+    clock: Callable[[], float] = time.monotonic,
 ) -> WhatIf:
     """Whether ``request`` places on ``pool`` now and, if not, how many nodes of each
-    template would make it place; ``pool`` is left as it was (plans run on a copy)."""
-    now = _plan(index, pool, request)
+    template would make it place; ``pool`` is left as it was (plans run on a copy).
+    ``WhatIfTooCostlyError`` once ``deadline_s`` of ``clock`` have passed."""
+    budget = _Budget(deadline_s, clock)
+    now = budget.plan(index, pool, request)
     if isinstance(now, Plan):
         why = "not needed: the request fits today's pool"
         return WhatIf(True, _label(now), (), {t.name: why for t in templates})
@@ -222,7 +272,7 @@ def what_if(
     for template in templates:
         node, alone = bases[template.name]
         with _Virtual(work, node) as virtual:
-            found = _fewest(index, request, virtual, alone)
+            found = _fewest(budget, index, request, virtual, alone)
             if found is None:
                 reasons[template.name] = _useless(index, request, work, node)
                 continue
@@ -273,7 +323,11 @@ class _Virtual:
 
 
 def _fewest(
-    index: VariantIndex, request: PlacementRequest, virtual: _Virtual, alone: Pool
+    budget: _Budget,
+    index: VariantIndex,
+    request: PlacementRequest,
+    virtual: _Virtual,
+    alone: Pool,
 ) -> tuple[int, Plan] | None:
     """The fewest virtual nodes (1..``request.nodes``) that make the request place, and
     the plan then; None when even ``request.nodes`` would not (see the module docstring).
@@ -282,16 +336,16 @@ def _fewest(
     gang (``alone``: a pool of that node), so that is asked first, at no cost of the pool's
     size. Then 1, 2, 4 ... new nodes until it places, and a binary search below: the nodes
     added and the plans made grow with the answer, not with the gang."""
-    if not isinstance(_plan(index, alone, replace(request, nodes=1)), Plan):
+    if not isinstance(budget.plan(index, alone, replace(request, nodes=1)), Plan):
         return None
     low, high = 1, 1  # it does not place with low - 1 new nodes (0: the caller planned it)
-    while not isinstance(found := _plan(index, virtual.resize(high), request), Plan):
+    while not isinstance(found := budget.plan(index, virtual.resize(high), request), Plan):
         if high >= request.nodes:
             return None  # not so by the rule above; should plan change, say it cannot help
         low, high = high + 1, min(2 * high, request.nodes)
     while low < high:
         middle = (low + high) // 2
-        attempt = _plan(index, virtual.resize(middle), request)
+        attempt = budget.plan(index, virtual.resize(middle), request)
         if isinstance(attempt, Plan):
             high, found = middle, attempt
         else:
