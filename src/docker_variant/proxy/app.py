@@ -18,7 +18,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from docker_variant.errors import InvalidInputError, one_line
 from docker_variant.jsondoc import load_json
+from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.grammar import name_problem
+from docker_variant.openapi import document as openapi_document
 from docker_variant.proxy.blobrelay import RELAY_MODES
 from docker_variant.proxy.cache import open_store
 from docker_variant.proxy.metrics import CONTENT_TYPE_LATEST, ROUTE_KIND, AccessLog, ProxyMetrics
@@ -155,29 +157,34 @@ def create_app(
     async def metrics_endpoint(_request: Request) -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    async def openapi(_request: Request) -> Response:
+        return Response(openapi_document("proxy"), media_type="application/json")
+
     async def notify(request: Request) -> Response:
         """distribution's notification webhook: each push or delete event invalidates its
         repository's indexes, in every replica."""
         if notify_secret is None:
-            return oci_error(404, "UNSUPPORTED", "notifications are not enabled (--notify-secret)")
+            return oci_error(
+                404, ErrorCode.UNSUPPORTED, "notifications are not enabled (--notify-secret)"
+            )
         given = bearer_token(request)
         if given is None or not hmac.compare_digest(given.encode(), notify_secret.encode()):
             return oci_error(
                 401,
-                "UNAUTHORIZED",
+                ErrorCode.UNAUTHORIZED,
                 "the notification secret is missing or wrong",
                 headers={"WWW-Authenticate": 'Bearer realm="variant-proxy-notify"'},
             )
         try:
             envelope = load_json(await read_body(request, _NOTIFY_LIMIT), "notification")
         except BodyTooLargeError as exc:
-            return oci_error(413, "SIZE_INVALID", str(exc))
+            return oci_error(413, ErrorCode.SIZE_INVALID, str(exc))
         except InvalidInputError as exc:
-            return oci_error(400, "UNSUPPORTED", str(exc))
+            return oci_error(400, ErrorCode.UNSUPPORTED, str(exc))
         try:
             names = _notified_repositories(envelope)
         except InvalidInputError as exc:
-            return oci_error(400, "UNSUPPORTED", str(exc))
+            return oci_error(400, ErrorCode.UNSUPPORTED, str(exc))
         for name in sorted(names):
             await service().invalidate(name)
         return JSONResponse({"invalidated": sorted(names)})
@@ -187,6 +194,7 @@ def create_app(
             StarletteRoute("/healthz", healthz, methods=["GET"]),
             StarletteRoute("/metrics", metrics_endpoint, methods=["GET"]),
             StarletteRoute("/_notify", notify, methods=["POST"]),
+            StarletteRoute("/openapi.json", openapi, methods=["GET"]),
             StarletteRoute("/{path:path}", dispatch, methods=_METHODS),
         ],
         lifespan=lifespan,
@@ -280,14 +288,16 @@ async def _handle(service: VariantService, request: Request, route: Route) -> Re
     if kind is RouteKind.OTHER:
         return PlainTextResponse("404 page not found", status_code=404)
     if kind is RouteKind.UNKNOWN:
-        return oci_error(404, "UNSUPPORTED", "not a distribution API route", request.url.path)
+        return oci_error(
+            404, ErrorCode.UNSUPPORTED, "not a distribution API route", request.url.path
+        )
     if kind is RouteKind.DISCOVER:
         if method not in ("GET", "HEAD"):
-            return oci_error(405, "UNSUPPORTED", f"{method} is not allowed here")
+            return oci_error(405, ErrorCode.UNSUPPORTED, f"{method} is not allowed here")
         return JSONResponse(discover_document())
     if kind is RouteKind.VARIANTS:
         if method not in ("GET", "HEAD"):
-            return oci_error(405, "UNSUPPORTED", f"{method} is not allowed on _variants")
+            return oci_error(405, ErrorCode.UNSUPPORTED, f"{method} is not allowed on _variants")
         return await service.variants_endpoint(request, route)
     if kind is RouteKind.MANIFEST and method in ("GET", "HEAD"):
         header = request.headers.get(PROPERTIES_HEADER)

@@ -21,20 +21,26 @@ no or unknown token, 403 wrong role or another client's placement, 404 unknown i
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from docker_variant.errors import InvalidInputError
 from docker_variant.jsondoc import load_json
+from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.errors import NotFoundError, RegistryError
 from docker_variant.oci.reference import Reference, parse_reference
 from docker_variant.oci.source import fetch_index
+from docker_variant.openapi import document as openapi_document
 from docker_variant.scheduler import ui
 from docker_variant.scheduler.database import DatabaseUnavailableError
 from docker_variant.scheduler.documents import (
@@ -87,25 +93,29 @@ def _guard(handler: Endpoint) -> Endpoint:
         try:
             return await handler(request)
         except _NotFound as exc:
-            return oci_error(404, "NOT_FOUND", str(exc))
+            return oci_error(404, ErrorCode.NOT_FOUND, str(exc))
         except _Unauthorized as exc:
             challenge = f'{"Basic" if exc.basic else "Bearer"} realm="{_REALM}"'
             if exc.invalid and not exc.basic:
                 challenge += ', error="invalid_token"'
-            return oci_error(401, "UNAUTHORIZED", str(exc), headers={"WWW-Authenticate": challenge})
+            return oci_error(
+                401, ErrorCode.UNAUTHORIZED, str(exc), headers={"WWW-Authenticate": challenge}
+            )
         except _Forbidden as exc:
-            return oci_error(403, "DENIED", str(exc))
+            return oci_error(403, ErrorCode.DENIED, str(exc))
         except BodyTooLargeError as exc:
-            return oci_error(413, "SIZE_INVALID", str(exc))
+            return oci_error(413, ErrorCode.SIZE_INVALID, str(exc))
         except InvalidInputError as exc:
-            return oci_error(400, "INVALID_INPUT", str(exc))
+            return oci_error(400, ErrorCode.INVALID_INPUT, str(exc))
         except DatabaseUnavailableError as exc:
-            return oci_error(503, "DATABASE_UNAVAILABLE", str(exc))
+            return oci_error(503, ErrorCode.DATABASE_UNAVAILABLE, str(exc))
         except RegistryError as exc:
             return _registry_failure(exc)
         except Exception as exc:
             _log.exception("%s %s failed", request.method, request.url.path)
-            return oci_error(500, "INTERNAL", f"internal error: {type(exc).__name__}: {exc}")
+            return oci_error(
+                500, ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+            )
 
     return endpoint
 
@@ -114,14 +124,34 @@ def _registry_failure(exc: RegistryError) -> Response:
     detail = {"registry": exc.url} if exc.url else None
     kind = error_kind(exc)
     if isinstance(exc, NotFoundError):
-        return oci_error(404, "IMAGE_UNKNOWN", str(exc), detail)
+        return oci_error(404, ErrorCode.IMAGE_UNKNOWN, str(exc), detail)
     if kind == "timeout":
-        return oci_error(504, "REGISTRY_TIMEOUT", f"the registry timed out: {exc}", detail)
+        return oci_error(504, ErrorCode.REGISTRY_TIMEOUT, f"the registry timed out: {exc}", detail)
     if kind == "auth":
         return oci_error(
-            502, "REGISTRY_DENIED", f"the registry refused the scheduler: {exc}", detail
+            502, ErrorCode.REGISTRY_DENIED, f"the registry refused the scheduler: {exc}", detail
         )
-    return oci_error(502, "REGISTRY_UNAVAILABLE", f"the registry is unavailable: {exc}", detail)
+    return oci_error(
+        502, ErrorCode.REGISTRY_UNAVAILABLE, f"the registry is unavailable: {exc}", detail
+    )
+
+
+class _PlacementStates(Collector):
+    """``variant_scheduler_placements{state}``, counted when scraped."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "variant_scheduler_placements",
+            "Placements by state (degraded: a device unhealthy or gone, or its agent past "
+            "the TTL).",
+            labels=["state"],
+        )
+        for state, count in self.store.placement_states().items():
+            family.add_metric([state], count)
+        yield family
 
 
 async def _json_body(request: Request) -> Any:
@@ -145,6 +175,8 @@ def create_app(
     registry it reaches themselves) resolves any registry.
     """
     allowed = frozenset(registries or ())
+    registry = CollectorRegistry(auto_describe=False)  # one per app: tests run several
+    registry.register(_PlacementStates(store))
     any_registry = not allowed and tokens is None
 
     def caller(request: Request, *roles: str, browser: bool = False) -> Principal:
@@ -184,9 +216,11 @@ def create_app(
 
     @_guard
     async def get_agent(request: Request) -> Response:
-        caller(request)
+        who = caller(request)
         agent_id = check_agent_id(request.path_params["agent_id"])
-        view = await run_in_threadpool(store.get_agent, agent_id)
+        # the placements on it: a client sees its own, an admin every one
+        owner = None if who.role == "admin" else who.name
+        view = await run_in_threadpool(store.get_agent, agent_id, owner)
         if view is None:
             raise _NotFound(f"no agent {agent_id!r}")
         return JSONResponse(view)
@@ -309,14 +343,11 @@ def create_app(
     @_guard
     async def metrics(request: Request) -> Response:
         caller(request)  # any valid token: a scraper's
-        states = await run_in_threadpool(store.placement_states)
-        lines = [
-            "# HELP variant_scheduler_placements Placements by state (degraded: a device "
-            "unhealthy or gone, or its agent past the TTL).",
-            "# TYPE variant_scheduler_placements gauge",
-            *(f'variant_scheduler_placements{{state="{s}"}} {n}' for s, n in states.items()),
-        ]
-        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+        text = await run_in_threadpool(generate_latest, registry)  # reads the database
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+    async def openapi(_request: Request) -> Response:
+        return Response(openapi_document("scheduler"), media_type="application/json")
 
     async def resolve(image: str) -> VariantIndex:
         return (await run_in_threadpool(fetch, check_registry(image)))[1]
@@ -331,6 +362,7 @@ def create_app(
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
+            Route("/openapi.json", openapi, methods=["GET"]),
             Route("/ui", fleet_view, methods=["GET", "POST"]),
             Route("/v1/agents", list_agents, methods=["GET"]),
             Route("/v1/agents/{agent_id}", put_agent, methods=["PUT"]),
