@@ -201,6 +201,43 @@ def test_everything_from_outside_is_escaped(store: Store) -> None:
     assert parse(shown.text).matrix  # the index itself was judged
 
 
+def test_one_agent_with_5000_digit_values_breaks_the_page_for_nobody(store: Store) -> None:
+    """Values no vendor rule can read (5,000 digits: past Python's int-string limit) are
+    shown as they are, shortened in a title and whole in the lists, and every other device
+    class is still judged."""
+    big = "9" * 5000
+    odd = {
+        "nvidia": {"sm_arch": [f"{big}_real"], "cuda_version_lower_bound": [f"1{big}"]},
+        "amd": {"gfx_arch": [f"gfx{big}"], "rocm_version": [f"{big}.1"]},
+        "furiosa": {"arch": [f"warboy_{big}"], "driver_version": [big]},
+    }
+    with SchedulerServer(store) as server:
+        put(server.url, "good", agent_body(H200_R570, 2))
+        for namespace, lists in odd.items():
+            body = {
+                "resource_group": "default",
+                "host": X86_V4,
+                "devices": {namespace: {"d0": {namespace: lists}}},
+            }
+            put(server.url, f"odd-{namespace}", body)
+        pages = [
+            httpx.get(f"{server.url}/ui"),
+            httpx.get(f"{server.url}/ui", params={"index": json.dumps(INDEX)}),
+        ]
+    for page in pages:
+        assert page.status_code == 200, page.text[:500]
+        assert f"<code>furiosa :: arch :: warboy_{big}</code>" in page.text
+    fleet = parse(pages[0].text).tables["fleet"]
+    products = {row[0]: row[1] for row in fleet[1:]}
+    assert products["nvidia"] == "9" * 37 + "..."  # the title shortens what it cannot read
+    assert products["amd"] == "gfx" + "9" * 34 + "..."
+    assert products["furiosa"] == "furiosa warboy_" + "9" * 30 + "..."
+    assert products["cuda"] == "sm 9.0 (H100, H200, GH200)"
+    matrix = parse(pages[1].text).matrix
+    h200 = next(title for title in matrix if "sm 9.0" in title)
+    assert matrix[h200]["cu128"] == ("first", "runs this")
+
+
 def write_tokens(path: Path) -> TokenTable:
     path.write_text(
         '[[token]]\nrole = "client"\nname = "ci"\ntoken = "client-token-0123456789"\n'
@@ -268,9 +305,8 @@ def test_registry_lookups_obey_the_allow_list(store: Store, tmp_path: Path) -> N
             f"{s.url}/ui", params={"image": "registry.example:5000/app:2.0"}, headers=client
         )
     assert refused.status_code == 200
-    assert (
-        "registry &#x27;169.254.169.254&#x27; is not one this scheduler may contact" in refused.text
-    )
+    message = "registry '169.254.169.254' is not one this scheduler may contact"
+    assert message.replace("'", "&#39;") in refused.text  # in the lookup error, escaped
     assert asked == ["registry.example:5000/app:2.0"]
     assert parse(allowed.text).matrix and "sm 9.0" in next(iter(parse(allowed.text).matrix))
 

@@ -4,6 +4,8 @@ It shows the fleet by device class, the placements and their state and, for an i
 reference or an index document typed in, which variant each device class would run and why
 the others do not fit. The matrix is ``placement.Judge``'s: the same device classes and the
 same ``select`` as a placement, so the page cannot disagree with ``POST /v1/placements``.
+What a device class is (its product and driver) comes from the vendor modules
+(``vendors.nvidia``, ``vendors.amd``; a descriptor's namespace shows its own values).
 
 Authentication is the API's: the same token table and roles (``client`` or ``admin``; a
 client sees its own placements). Browsers cannot be told to send a bearer token, so the
@@ -11,26 +13,29 @@ page also takes the token as the password of HTTP Basic authentication (any user
 asks for it with a Basic challenge; without ``--tokens`` (loopback only) it is open, as the
 API is. The page is read-only, so a forged request can change nothing.
 
-Everything that comes from agents, clients or registries is HTML-escaped, and the page is
-served with a Content-Security-Policy that allows no script at all.
+The page is a Jinja2 template (``templates/fleet.html``) rendered with autoescaping: every
+value from agents, clients or registries is text, whatever it holds (markup, a 5,000-digit
+number). It is served with a Content-Security-Policy that allows no script at all.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import html
 import json
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import jinja2
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse
+from starlette.responses import Response
+from starlette.templating import Jinja2Templates
 
+from docker_variant import vendors
 from docker_variant.errors import InvalidInputError, one_line
 from docker_variant.jsondoc import load_json
 from docker_variant.oci.errors import RegistryError
@@ -45,7 +50,7 @@ from docker_variant.variant.model import SupportedLists
 from docker_variant.variant.selection import select
 from docker_variant.variant.virtual import virtual_host
 
-__all__ = ["SECURITY_HEADERS", "basic_token", "fleet_page", "render_page"]
+__all__ = ["SECURITY_HEADERS", "basic_token", "describe", "fleet_page", "page_context"]
 
 #: No script may run, nothing is loaded from elsewhere, forms post back here only.
 SECURITY_HEADERS = {
@@ -56,27 +61,7 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 _MAX_FORM = 4 * 1024 * 1024  # an index document typed or pasted in
-
-# REFERENCE.md: compute capability -> products; a driver branch's highest CUDA version.
-_PRODUCTS = {
-    (7, 0): "V100",
-    (7, 5): "T4",
-    (8, 0): "A100",
-    (8, 6): "A10, A40, RTX 30",
-    (8, 9): "L4, L40S, RTX 40",
-    (9, 0): "H100, H200, GH200",
-    (10, 0): "B200, GB200",
-    (10, 3): "B300, GB300",
-    (12, 0): "RTX 50, RTX PRO 6000",
-}
-_BRANCHES = {
-    "12.2": "R535",
-    "12.4": "R550",
-    "12.6": "R560",
-    "12.8": "R570",
-    "12.9": "R575",
-    "13.0": "R580",
-}
+_SHOWN = 40  # characters of one value shown in a title (the lists show it whole)
 
 
 def basic_token(request: Request) -> str | None:
@@ -95,27 +80,93 @@ def basic_token(request: Request) -> str | None:
 # --------------------------------------------------------------------------- what is shown
 
 
-def product_of(lists: SupportedLists) -> str:
-    """What the lists say of the GPU: its compute capability and the products that have it
-    (the heartbeat carries lists, not product names)."""
-    sm = lists.get("nvidia", {}).get("sm_arch", [])
-    real = [v for v in sm if v.endswith("_real")]
-    if not real:
-        return "-"
-    digits = real[0].removesuffix("_real")
-    if not digits.isdigit() or len(digits) < 2:
-        return real[0]
-    cc = (int(digits[:-1]), int(digits[-1]))
-    known = _PRODUCTS.get(cc)
-    return f"sm {cc[0]}.{cc[1]}" + (f" ({known})" if known else "")
+@dataclass(frozen=True)
+class Description:
+    """What a device's lists say of it, in words: ``product`` and ``driver`` (``-``: nothing)."""
+
+    product: str = "-"
+    driver: str = "-"
+
+    def said(self) -> list[str]:
+        return [text for text in (self.product, self.driver) if text != "-"]
 
 
-def driver_of(lists: SupportedLists) -> str:
-    lower = lists.get("nvidia", {}).get("cuda_version_lower_bound", [])
-    if not lower:
-        return "-"
-    branch = _BRANCHES.get(lower[0])
-    return f"CUDA {lower[0]}" + (f" ({branch})" if branch else "")
+def _shown(value: str) -> str:
+    return one_line(value, _SHOWN)
+
+
+def _nvidia(features: Mapping[str, list[str]]) -> Description:
+    """``sm 9.0 (H100, H200, GH200)`` and ``CUDA 12.8 (R570)``."""
+    product = "-"
+    cc = vendors.nvidia.capability_of(dict(features))
+    if cc is not None:
+        known = vendors.nvidia.product_name(cc)
+        product = f"sm {cc[0]}.{cc[1]}" + (f" ({known})" if known else "")
+    elif real := [v for v in features.get("sm_arch", []) if v.endswith("_real")]:
+        product = _shown(real[0])  # a value the vendor's rule cannot read: shown as it is
+    driver = "-"
+    if lower := features.get("cuda_version_lower_bound", []):
+        cuda = vendors.nvidia.cuda_value(lower[0])
+        branch = vendors.nvidia.driver_branch(cuda[:2]) if cuda is not None else None
+        driver = f"CUDA {_shown(lower[0])}" + (f" ({branch})" if branch else "")
+    return Description(product, driver)
+
+
+def _amd(features: Mapping[str, list[str]]) -> Description:
+    """``gfx942 (Instinct MI300A, Instinct MI300X, ...)`` and ``ROCm 6.4``."""
+    product = "-"
+    if gfx := vendors.amd.gfx_of(dict(features)):
+        known = vendors.amd.product_name(gfx) if vendors.amd.gfx_value(gfx) else None
+        product = _shown(gfx) + (f" ({known})" if known else "")
+    rocm = features.get("rocm_version", [])
+    return Description(product, f"ROCm {_shown(rocm[0])}" if rocm else "-")
+
+
+def _described(namespace: str, features: Mapping[str, list[str]]) -> Description:
+    """A namespace without a vendor module (a device descriptor's, a plugin's): its first
+    feature's best value names the product, a feature about the driver the driver."""
+    driver_features = [f for f in features if "driver" in f and features[f]]
+    others = [f for f in features if f not in driver_features and features[f]]
+    product = f"{namespace} {_shown(features[others[0]][0])}" if others else namespace
+    driver = "-"
+    if driver_features:
+        feature = driver_features[0]
+        driver = f"{feature.replace('_', ' ')} {_shown(features[feature][0])}"
+    return Description(product, driver)
+
+
+_VENDORS: Mapping[str, Callable[[Mapping[str, list[str]]], Description]] = {
+    vendors.nvidia.NAMESPACE: _nvidia,
+    vendors.amd.NAMESPACE: _amd,
+}
+
+
+def describe(lists: SupportedLists) -> Description:
+    """What the lists say of the accelerator they describe (a heartbeat carries lists, not
+    product names): the first accelerator namespace's words, NVIDIA and AMD by their vendor
+    modules, any other namespace but a CPU's by its own values."""
+    for namespace, features in lists.items():
+        if namespace in vendors.CPU_NAMESPACES or not features:
+            continue
+        vendor = _VENDORS.get(namespace)
+        return vendor(features) if vendor else _described(namespace, features)
+    return Description()
+
+
+@dataclass(frozen=True)
+class BestValue:
+    namespace: str
+    feature: str
+    value: str
+    more: int  # further values in the list
+
+
+def best_values(lists: SupportedLists) -> Iterator[BestValue]:
+    """Each feature's best value (the page shows the whole lists on demand)."""
+    for namespace, features in lists.items():
+        for feature, values in features.items():
+            if values:
+                yield BestValue(namespace, feature, values[0], len(values) - 1)
 
 
 @dataclass
@@ -132,6 +183,28 @@ class FleetClass:
     unhealthy: int = 0
     capacity: int = 0  # shares of the healthy devices, in millionths
     room: int = 0  # shares left on them
+
+    @property
+    def description(self) -> Description:
+        return describe(self.lists)
+
+    @property
+    def product(self) -> str:
+        return self.description.product
+
+    @property
+    def driver(self) -> str:
+        return self.description.driver
+
+    @property
+    def shown_agents(self) -> str:
+        agents = sorted(self.agents, key=natural_key)
+        more = f" +{len(agents) - 3}" if len(agents) > 3 else ""
+        return ", ".join(agents[:3]) + more
+
+    @property
+    def shares(self) -> str:
+        return f"{self.room / SHARE:g} of {self.capacity / SHARE:g}"
 
 
 def fleet_classes(pool: Pool) -> list[FleetClass]:
@@ -159,7 +232,7 @@ def fleet_classes(pool: Pool) -> list[FleetClass]:
                     row.used += 1
     return sorted(
         classes.values(),
-        key=lambda c: (c.device_name, product_of(c.lists), driver_of(c.lists), c.platform or ""),
+        key=lambda c: (c.device_name, c.product, c.driver, c.platform or ""),
     )
 
 
@@ -198,13 +271,13 @@ def variant_matrix(index: VariantIndex, pool: Pool) -> Matrix:
             pairs = [("(host only)", None, True)]
         for name, profile, free in pairs:
             cls = judge.classify(node.host, profile, platform)
-            lists = judge.lists(node.host, profile)
-            said = [t for t in (product_of(lists), driver_of(lists)) if t != "-"]
+            said = describe(judge.lists(node.host, profile)).said()
             title = f"{name}: {', '.join(said)}" if said else name
             counts = grouped.setdefault((cls.key, title), [0, 0])
             counts[0] += 1
             counts[1] += free
-            extra[cls.key] = (platform, json.loads(cls.key)[1])
+            # the class key is the judge's own compact JSON of [platform, relevant lists]
+            extra[cls.key] = (platform, load_json(cls.key, "a device class key")[1])
     rows = []
     for (key, title), (count, free_count) in grouped.items():
         cls = judge.classes[key]
@@ -223,43 +296,71 @@ def variant_matrix(index: VariantIndex, pool: Pool) -> Matrix:
     return Matrix(columns, rows, invalid)
 
 
-# --------------------------------------------------------------------------- HTML
+@dataclass(frozen=True)
+class PlacementRow:
+    id: str
+    state: str
+    why: str | None  # a degraded placement's reason
+    since: str
+    variant: str
+    image: str
+    nodes: list[dict[str, str]]  # the first few allocations: agent id, devices
+    more_nodes: int
+    owner: str
+    created_at: str
 
 
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+def placement_rows(placements: Sequence[Mapping[str, Any]]) -> list[PlacementRow]:
+    rows = []
+    for p in placements:
+        state = str(p.get("state", "active"))
+        degraded = p.get("degraded") or {}
+        degraded = degraded if isinstance(degraded, dict) else {}
+        allocations = list(p.get("allocations", []))
+        rows.append(
+            PlacementRow(
+                id=str(p.get("id")),
+                state=state,
+                why=str(degraded.get("reason", "")) if state != "active" and degraded else None,
+                since=str(degraded.get("since", "?")),
+                variant=str(p.get("variant")),
+                image=str(p.get("image")),
+                nodes=[
+                    {
+                        "agent_id": str(a.get("agent_id")),
+                        "devices": " ".join(map(str, a.get("devices", []))),
+                    }
+                    for a in allocations[:4]
+                ],
+                more_nodes=len(allocations) - 4,
+                owner=str(p.get("owner", "") or ""),
+                created_at=str(p.get("created_at", "")),
+            )
+        )
+    return rows
 
 
-def _lists_html(lists: SupportedLists) -> str:
-    """Each feature's best value, and the whole lists on demand."""
-    if not lists:
-        return "<span class=muted>none</span>"
-    short = []
-    for namespace, features in lists.items():
-        for feature, values in features.items():
-            more = f" <span class=muted>+{len(values) - 1}</span>" if len(values) > 1 else ""
-            short.append(f"<code>{_e(namespace)} :: {_e(feature)} :: {_e(values[0])}</code>{more}")
-    full = _e(json.dumps(lists, indent=1))
-    return f"{'<br>'.join(short)}<details><summary>lists</summary><pre>{full}</pre></details>"
+# --------------------------------------------------------------------------- the template
 
 
-_CSS = """
-body{font:14px/1.4 system-ui,sans-serif;margin:1.2em 2em;color:#1d1d1f;background:#fff}
-h1{font-size:1.4em;margin:0 0 .2em} h2{font-size:1.15em;margin:1.6em 0 .4em}
-table{border-collapse:collapse;margin:.3em 0} th,td{border:1px solid #ccd;padding:.3em .55em;
-vertical-align:top;text-align:left} th{background:#eef1f6} td.n{text-align:right}
-.muted{color:#778} code{font-size:12px} pre{font-size:11px;margin:.2em 0}
-.bad{background:#fde2e1} .warn{background:#fff3cd} .ok{background:#e3f5e1}
-td.first{background:#b9e6b3;font-weight:600} td.fits{background:#e3f5e1}
-td.no{background:#f6f6f8;color:#555;font-size:12px;max-width:16em}
-form{margin:.6em 0 1em;padding:.6em;background:#f5f7fa;border:1px solid #dde}
-input[type=text]{width:32em} textarea{width:48em;height:5em;font:12px monospace}
-.error{color:#a40000;font-weight:600} .summary span{margin-right:1.4em}
-.small{font-size:11px;font-weight:400}
-"""
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("docker_variant.scheduler", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,  # a name the template gets wrong fails its tests
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.globals["best_values"] = best_values
+    env.filters["tojson_indented"] = lambda value: json.dumps(value, indent=1)
+    env.filters["tojson_compact"] = json.dumps
+    return env
 
 
-def render_page(
+TEMPLATES = Jinja2Templates(env=_environment())
+
+
+def page_context(
     *,
     pool: Pool,
     views: Sequence[Mapping[str, Any]],
@@ -271,161 +372,30 @@ def render_page(
     resource_group: str | None = None,
     shares: Mapping[str, Any] | None = None,
     now: datetime | None = None,
-) -> str:
-    now = now or datetime.now(UTC)
+) -> dict[str, Any]:
+    """Everything ``fleet.html`` shows, computed here (the template only lays it out)."""
     classes = fleet_classes(pool)
-    alive = sum(1 for v in views if v.get("alive", True))
-    devices = sum(c.devices for c in classes)
-    unhealthy = sum(c.unhealthy for c in classes)
-    degraded = sum(1 for p in placements if p.get("state") == "degraded")
-    scope = f" in resource group {_e(resource_group)}" if resource_group else ""
-    parts = [
-        "<!doctype html><html lang=en><head><meta charset=utf-8>",
-        "<meta name=viewport content='width=device-width,initial-scale=1'>",
-        f"<title>variant-scheduler fleet</title><style>{_CSS}</style></head><body>",
-        f"<h1>variant-scheduler fleet{scope}</h1>",
-        "<p class=summary>"
-        f"<span id=agents>{len(views)} agents ({alive} alive)</span>"
-        f"<span id=devices>{devices} devices</span>"
-        f"<span id=free>{sum(c.free for c in classes)} free</span>"
-        f"<span id=unhealthy class='{'bad' if unhealthy else ''}'>{unhealthy} unhealthy</span>"
-        f"<span id=placements>{len(placements)} placements ({degraded} degraded)</span>"
-        + (
-            f"<span id=shares>{_e(shares.get('free_shares'))} of "
-            f"{_e(shares.get('capacity_shares'))} shares free, fragmentation "
-            f"{_e(shares.get('fragmentation'))}</span>"
-            if shares
-            else ""
-        )
-        + f"<span class=muted>{_e(now.isoformat(timespec='seconds'))}</span></p>",
-    ]
-    if pool.unavailable:
-        left = ", ".join(f"{_e(a)} ({_e(w)})" for a, w in sorted(pool.unavailable.items())[:20])
-        parts.append(f"<p class=warn>Left out of placements: {left}</p>")
-    parts.append(_fleet_table(classes))
-    parts.append(_placements_table(placements))
-    parts.append(_form(image, index_text, resource_group))
-    if error is not None:
-        parts.append(f"<p class=error id=lookup-error>{_e(error)}</p>")
-    if matrix is not None:
-        what = image or "the index typed in"
-        parts.append(_matrix_table(matrix, what))
-    parts.append("</body></html>")
-    return "\n".join(parts)
-
-
-def _fleet_table(classes: Sequence[FleetClass]) -> str:
-    rows = [
-        "<h2>Fleet by device class</h2><table id=fleet><tr><th>device name</th><th>product</th>"
-        "<th>driver</th><th>properties</th><th>platform</th><th>agents</th><th>devices</th>"
-        "<th>free</th><th>used</th><th>free shares</th><th>unhealthy</th></tr>"
-    ]
-    for c in classes:
-        agents = sorted(c.agents, key=natural_key)
-        shown = ", ".join(_e(a) for a in agents[:3]) + (
-            f" +{len(agents) - 3}" if len(agents) > 3 else ""
-        )
-        shares = f"{c.room / SHARE:g} of {c.capacity / SHARE:g}"
-        rows.append(
-            f"<tr class='{'bad' if c.unhealthy else ''}'><td>{_e(c.device_name)}</td>"
-            f"<td>{_e(product_of(c.lists))}</td><td>{_e(driver_of(c.lists))}</td>"
-            f"<td>{_lists_html(c.lists)}</td><td>{_e(c.platform or '-')}</td>"
-            f"<td>{len(agents)}<br><span class=muted>{shown}</span></td>"
-            f"<td class=n>{c.devices}</td><td class=n>{c.free}</td><td class=n>{c.used}</td>"
-            f"<td class=n>{shares}</td><td class='n unhealthy'>{c.unhealthy}</td></tr>"
-        )
-    if not classes:
-        rows.append("<tr><td colspan=11 class=muted>no devices reported</td></tr>")
-    rows.append("</table>")
-    return "".join(rows)
-
-
-def _placements_table(placements: Sequence[Mapping[str, Any]]) -> str:
-    rows = [
-        "<h2>Placements</h2><table id=placement-list><tr><th>id</th><th>state</th>"
-        "<th>variant</th><th>image</th><th>nodes</th><th>owner</th><th>created</th></tr>"
-    ]
-    for p in placements:
-        state = str(p.get("state", "active"))
-        degraded = p.get("degraded") or {}
-        why = ""
-        if state != "active" and isinstance(degraded, dict):
-            why = (
-                f"<br><span class=muted>{_e(degraded.get('reason', ''))}"
-                f" (since {_e(degraded.get('since', '?'))})</span>"
-            )
-        nodes = ", ".join(
-            f"{_e(a.get('agent_id'))}: {_e(' '.join(map(str, a.get('devices', []))))}"
-            for a in p.get("allocations", [])[:4]
-        )
-        more = len(p.get("allocations", [])) - 4
-        nodes += f" +{more} nodes" if more > 0 else ""
-        rows.append(
-            f"<tr class='{'bad' if state == 'degraded' else ''}' data-id='{_e(p.get('id'))}'>"
-            f"<td><code>{_e(str(p.get('id'))[:12])}</code></td>"
-            f"<td class=state>{_e(state)}{why}</td><td>{_e(p.get('variant'))}</td>"
-            f"<td><code>{_e(p.get('image'))}</code></td><td>{nodes}</td>"
-            f"<td>{_e(p.get('owner', ''))}</td><td>{_e(p.get('created_at', ''))}</td></tr>"
-        )
-    if not placements:
-        rows.append("<tr><td colspan=7 class=muted>no placements</td></tr>")
-    rows.append("</table>")
-    return "".join(rows)
-
-
-def _form(image: str, index_text: str, resource_group: str | None) -> str:
-    group = (
-        f"<input type=hidden name=resource_group value='{_e(resource_group)}'>"
-        if resource_group
-        else ""
-    )
-    return (
-        "<h2>Which variant would each device class run?</h2>"
-        "<form method=post action=''>"
-        f"<label>Image <input type=text name=image placeholder='registry/name:version' "
-        f"value='{_e(image)}'></label><br><label>or an index document (JSON)<br>"
-        f"<textarea name=index>{_e(index_text)}</textarea></label>{group}<br>"
-        "<button type=submit>Show the matrix</button></form>"
-    )
-
-
-def _matrix_table(matrix: Matrix, what: str) -> str:
-    head = "".join(
-        f"<th data-variant='{_e(key)}'>{_e(key)}<br><span class='muted small'>"
-        f"{'<br>'.join(_e(p) for p in props)}</span></th>"
-        for key, props in matrix.columns
-    )
-    rows = [
-        f"<p>Each row is a device class of the fleet as a placement of <code>{_e(what)}</code> "
-        "judges it (its host lists merged with the device's, on its platform); the cell says the "
-        "rank of each image for it, 1 being what that device would pull itself.</p>"
-        f"<table id=matrix><tr><th>device class</th><th>devices (free)</th>{head}</tr>"
-    ]
-    for row in matrix.rows:
-        cells = []
-        for key, _ in matrix.columns:
-            rank = row.ranks.get(key)
-            if rank == 1:
-                cells.append(f"<td class=first data-variant='{_e(key)}' data-rank=1>runs this</td>")
-            elif rank is not None:
-                cells.append(
-                    f"<td class=fits data-variant='{_e(key)}' data-rank={rank}>fits (rank {rank})"
-                    "</td>"
-                )
-            else:
-                why = row.reasons.get(key, "does not fit")
-                cells.append(f"<td class=no data-variant='{_e(key)}'>{_e(why)}</td>")
-        rows.append(
-            f"<tr><th>{_e(row.title)}<br><span class=muted>{_e(row.platform or '-')}</span>"
-            f"<details><summary>lists judged</summary><pre>{_e(json.dumps(row.relevant))}</pre>"
-            f"</details></th><td class=n>{row.devices} ({row.free})</td>{''.join(cells)}</tr>"
-        )
-    if not matrix.rows:
-        rows.append(f"<tr><td colspan={len(matrix.columns) + 2} class=muted>no agents</td></tr>")
-    rows.append("</table>")
-    for tag, why in matrix.invalid:
-        rows.append(f"<p class=warn>invalid image <code>{_e(tag)}</code>: {_e(why)}</p>")
-    return "".join(rows)
+    return {
+        "resource_group": resource_group,
+        "summary": {
+            "agents": len(views),
+            "alive": sum(1 for v in views if v.get("alive", True)),
+            "devices": sum(c.devices for c in classes),
+            "free": sum(c.free for c in classes),
+            "unhealthy": sum(c.unhealthy for c in classes),
+            "degraded": sum(1 for p in placements if p.get("state") == "degraded"),
+        },
+        "shares": shares,
+        "now": (now or datetime.now(UTC)).isoformat(timespec="seconds"),
+        "unavailable": sorted(pool.unavailable.items())[:20],
+        "classes": classes,
+        "placements": placements,
+        "placement_rows": placement_rows(placements),
+        "image": image,
+        "index_text": index_text,
+        "error": error,
+        "matrix": matrix,
+    }
 
 
 # --------------------------------------------------------------------------- the route
@@ -450,7 +420,7 @@ async def fleet_page(
     store: Store,
     who: Principal,
     resolve: Callable[[str], Awaitable[VariantIndex]],
-) -> HTMLResponse:
+) -> Response:
     """The page for ``who``; ``resolve`` fetches an image's index under the API's rules
     (the registry allow-list)."""
     fields = await _form_fields(request)
@@ -478,7 +448,7 @@ async def fleet_page(
             matrix = await run_in_threadpool(variant_matrix, index, pool)
         except (InvalidInputError, RegistryError) as exc:
             error = one_line(str(exc))
-    page = render_page(
+    context = page_context(
         pool=pool,
         views=views,
         placements=placements,
@@ -489,4 +459,7 @@ async def fleet_page(
         resource_group=group,
         shares=shares,
     )
-    return HTMLResponse(page, headers=SECURITY_HEADERS)
+    # rendered off the event loop: a fleet of thousands of agents is a long page
+    return await run_in_threadpool(
+        TEMPLATES.TemplateResponse, request, "fleet.html", context, headers=SECURITY_HEADERS
+    )
