@@ -150,6 +150,8 @@ def test_only_an_admin_drains_and_deregisters_an_agent(secured: httpx.Client) ->
         ("[[token]]\nrole = 'agent'\nname = 'x'\nsha256 = 'abc'\n", "sha256 must be"),
         ("nothing = 1\n", "no [[token]] entries"),
         ("not toml [", "not valid TOML"),
+        ("a = " + "[" * 100_000 + "]" * 100_000, "nested more than 32 levels"),
+        ("a = 1" + "0" * 5_000, "a number of more than"),
     ],
 )
 def test_a_bad_tokens_file_is_exit_2_naming_it(tmp_path: Path, text: str, expected: str) -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Literal
 
 from docker_variant.errors import InvalidInputError
 from docker_variant.scheduler.documents import SHORT_NAME, check_agent_id
+from docker_variant.tomldoc import read_toml_file
 
 __all__ = ["ANONYMOUS", "Principal", "TokenTable", "load_tokens"]
 
@@ -79,14 +79,7 @@ class TokenTable:
 
 def load_tokens(path: Path) -> TokenTable:
     where = f"tokens file {str(path)!r}"
-    try:
-        data = tomllib.loads(path.read_bytes().decode("utf-8"))
-    except OSError as exc:
-        raise InvalidInputError(f"{where}: cannot read it ({exc.strerror})") from exc
-    except UnicodeDecodeError as exc:
-        raise InvalidInputError(f"{where}: not UTF-8 text ({exc.reason})") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidInputError(f"{where}: not valid TOML ({exc})") from exc
+    data = read_toml_file(path, where)
     raw = data.get("token")
     if not isinstance(raw, list) or not raw:
         raise InvalidInputError(f"{where}: no [[token]] entries")
