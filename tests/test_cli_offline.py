@@ -312,3 +312,14 @@ def test_every_cli_input_error_is_exit_2_in_one_line(
     assert result.returncode == 2, result.stderr
     line = result.stderr.strip()
     assert needle in line and "\n" not in line and "Traceback" not in line
+
+
+def test_version_is_the_package_version_and_the_plugin_metadata_agrees() -> None:
+    from docker_variant import __version__
+
+    done = run("--version")
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"docker-variant {__version__}\n", "")
+    as_plugin = run("variant", "--version")  # as Docker runs it
+    assert as_plugin.stdout == done.stdout
+    probe = run("docker-cli-plugin-metadata")
+    assert json.loads(probe.stdout)["Version"] == __version__

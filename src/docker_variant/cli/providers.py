@@ -24,7 +24,7 @@ def providers(
     providers_file: ProvidersFileOpt = None,
     enable: EnableOpt = None,
 ) -> None:
-    """Print what this host supports (SPEC section 4)."""
+    """Print what this host supports (docs: reference/host-properties)."""
     opts = command_options(ctx, json_, providers_file, enable)
     report = opts.host(refresh)
     if opts.json:

@@ -138,8 +138,8 @@ def publish(
     no_verify: NoVerifyOpt = False,
     json_: JsonOpt = False,
 ) -> None:
-    """Write the version's variant image index at tag VERSION (SPEC section 10), so that
-    any registry serves the whole set in one request."""
+    """Write the version's variant image index at tag VERSION (docs: reference/image-index),
+    so that any registry serves the whole set in one request."""
     from docker_variant.oci.reference import parse_reference
     from docker_variant.publish.publisher import publish as publish_index
 

@@ -54,7 +54,7 @@ def pull_candidate(
 
 
 def check_push_labels(reference: Reference, labels: Mapping[str, str] | None) -> Variant | None:
-    """The local image's labels must agree with the tag it is pushed under (SPEC section 3)."""
+    """The local image's labels must agree with the tag it is pushed under (docs: reference/labels)."""
     tag = reference.tag
     if tag is None:
         raise InvalidInputError(f"{reference}: push needs a tag, e.g. {reference.name}:1.0.0-cu128")

@@ -1,3 +1,3 @@
-"""Publishing a variant set that any registry serves (SPEC section 10): the variant image
-index (``publisher.py``) and the matrix build (``matrix.py`` parses, ``build.py`` drives
-the engine)."""
+"""Publishing a variant set that any registry serves: the variant image index
+(``publisher.py``), the matrix build (``matrix.py`` parses, ``build.py`` builds, checks,
+pushes and publishes) and the check of a local image before its push (``verify.py``)."""

@@ -43,7 +43,7 @@ _ENTRY_KEYS = {"label", "bare", "properties", "build-args", "platform"}
 class MatrixEntry:
     name: str  # how messages name it: variant[2] (cu128)
     label: str | None  # None: the bare image
-    labels: dict[str, str]  # the SPEC 3 labels the tool sets
+    labels: dict[str, str]  # the variant labels the tool sets
     build_args: dict[str, str]  # shared ones merged with the entry's own
     platform: Platform | None
 
