@@ -140,6 +140,7 @@ def publish(
 ) -> None:
     """Write the version's variant image index at tag VERSION (docs: reference/image-index),
     so that any registry serves the whole set in one request."""
+    from docker_variant.jsondoc import load_json
     from docker_variant.oci.reference import parse_reference
     from docker_variant.publish.publisher import publish as publish_index
 
@@ -147,10 +148,11 @@ def publish(
     if no_verify:
         warn(f"{ref}: --no-verify: labels are not checked against the images' binaries")
     published = publish_index(parse_reference(ref), dry_run=dry_run, verify=not no_verify)
+    document = load_json(published.body, "the variant image index")
     for warning in published.warnings:
         warn(warning)
     if dry_run and not opts.json:
-        sys.stdout.write(json.dumps(json.loads(published.body), indent=2) + "\n")
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
         return
     if opts.json:
         emit_json(
@@ -159,7 +161,7 @@ def publish(
                 "digest": published.digest,
                 "changed": published.changed,
                 "dry_run": dry_run,
-                "index": json.loads(published.body),
+                "index": document,
             }
         )
         return
