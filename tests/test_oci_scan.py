@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -226,13 +225,18 @@ def test_scan_concurrency_is_bounded(fake_upstream: FakeUpstream) -> None:
         body=json.dumps({"name": "app", "tags": tags}).encode()
     )
     in_flight, peak, lock = [0], [0], threading.Lock()
+    bound_reached = threading.Event()
 
     def slow(reply: Reply) -> Callable[[Seen], Reply]:
         def serve(seen: Seen) -> Reply:
             with lock:
                 in_flight[0] += 1
                 peak[0] = max(peak[0], in_flight[0])
-            time.sleep(0.03)
+                if in_flight[0] >= 3:
+                    bound_reached.set()
+            # The first requests are held until the client has its bound in flight: one
+            # more arriving meanwhile would exceed it. The time-out only ends a failing run.
+            bound_reached.wait(timeout=30)
             with lock:
                 in_flight[0] -= 1
             return reply
@@ -248,7 +252,7 @@ def test_scan_concurrency_is_bounded(fake_upstream: FakeUpstream) -> None:
 
     index = _scan(fake_upstream.url, "app", "1.0.0", max_concurrency=3)
     assert len(index.variants) == 12
-    assert 2 <= peak[0] <= 3
+    assert bound_reached.is_set() and peak[0] == 3
 
 
 def test_fetch_index_prefers_the_proxy_document(

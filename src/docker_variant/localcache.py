@@ -13,7 +13,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from docker_variant.errors import InvalidInputError
+from docker_variant.jsondoc import read_json_file
+
 __all__ = ["cache_dir", "read_entry", "write_entry"]
+
+_ENTRY_LIMIT = 16 << 20
 
 
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -25,8 +30,8 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path:
 def read_entry(name: str, ttl: float, env: Mapping[str, str] | None = None) -> Any | None:
     """The value written as ``name`` less than ``ttl`` seconds ago, else ``None``."""
     path = cache_dir(env) / name
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        entry = json.loads(path.read_text(encoding="utf-8"))
+    with contextlib.suppress(InvalidInputError, ValueError, KeyError, TypeError):
+        entry = read_json_file(path, f"cache entry {name}", max_bytes=_ENTRY_LIMIT)
         if time.time() - float(entry["created"]) < ttl:
             return entry["value"]
     return None

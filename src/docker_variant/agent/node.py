@@ -42,7 +42,6 @@ from typing import Any
 
 import httpx
 
-from docker_variant import __version__
 from docker_variant.agent.client import read_token
 from docker_variant.agent.health import NVML_KIND, nvml_health
 from docker_variant.agent.inputs import read_agent_providers_file
@@ -55,6 +54,8 @@ from docker_variant.errors import (
 )
 from docker_variant.jsondoc import load_json
 from docker_variant.numbers import is_number
+from docker_variant.oci.errcode import read_error
+from docker_variant.oci.http import sync_client
 from docker_variant.providers import detect_host
 from docker_variant.retry import Backoff
 from docker_variant.variant.model import SupportedLists
@@ -149,8 +150,9 @@ def read_answer(response: httpx.Response, limit: int = MAX_ANSWER_BYTES) -> byte
 def error_message(data: bytes, reason: str) -> str:
     """The scheduler's one-line error message (an OCI error body), else the start of the
     body, else the reason phrase."""
-    with contextlib.suppress(DockerVariantError, LookupError, TypeError, AttributeError):
-        return one_line(str(load_json(data, "the answer")["errors"][0]["message"]))
+    found = read_error(data)
+    if found is not None and found.message:
+        return found.message
     text = data[:200].decode("utf-8", "replace")
     return one_line(text) or reason
 
@@ -171,10 +173,7 @@ class Agent:
         rng: random.Random | None = None,
     ) -> None:
         self.settings = settings
-        self.client = client or httpx.Client(
-            timeout=REQUEST_TIMEOUT_S,
-            headers={"User-Agent": f"variant-scheduler-agent/{__version__}"},
-        )
+        self.client = client or sync_client(timeout=REQUEST_TIMEOUT_S)
         self.nvml = nvml
         self.stop = stop or threading.Event()
         self.rng = rng or random.Random()

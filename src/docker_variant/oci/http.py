@@ -18,13 +18,15 @@ from typing import Any
 import httpx
 
 from docker_variant import __version__
-from docker_variant.errors import InvalidInputError
+from docker_variant.errors import InvalidInputError, UnreachableError
+from docker_variant.numbers import is_number
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "USER_AGENT",
     "async_client",
     "async_transport",
+    "read_bounded",
     "sync_client",
     "sync_transport",
     "system_tls",
@@ -144,3 +146,17 @@ def async_client(
         follow_redirects=follow_redirects,
         transport=transport or async_transport(tls=tls, limits=limits),
     )
+
+
+def read_bounded(response: httpx.Response, limit: int, what: str) -> bytes:
+    """The body of a streamed ``response``, refused (``UnreachableError``: the server
+    answered garbage) once it passes ``limit`` bytes, so no answer is buffered whole."""
+    declared = response.headers.get("content-length", "").strip()
+    if declared.isdigit() and (not is_number(declared) or int(declared) > limit):
+        raise UnreachableError(f"{what}: an answer of {declared} bytes, over the {limit} allowed")
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > limit:
+            raise UnreachableError(f"{what}: an answer over the {limit} bytes allowed")
+    return bytes(body)

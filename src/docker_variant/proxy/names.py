@@ -15,6 +15,7 @@ from enum import StrEnum
 from functools import lru_cache
 from urllib.parse import unquote
 
+from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.grammar import (
     DIGEST_MAX,
     NAME_MAX,
@@ -85,7 +86,7 @@ class PathError(Exception):
     """A ``/v2/`` path that fails validation: answered ``status`` (400 unless said) with
     this OCI error."""
 
-    def __init__(self, code: str, message: str, detail: str, status: int = 400) -> None:
+    def __init__(self, code: ErrorCode, message: str, detail: str, status: int = 400) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -109,7 +110,7 @@ def check_name(name: str) -> None:
     if name_problem(name):
         shown = name if len(name) <= NAME_MAX else name[:NAME_MAX] + "..."
         raise PathError(
-            "NAME_INVALID",
+            ErrorCode.NAME_INVALID,
             f"invalid repository name {shown!r}: must be {NAME_RULE}, at most {NAME_MAX} "
             "characters",
             shown,
@@ -119,22 +120,27 @@ def check_name(name: str) -> None:
 def _check_reference(kind: RouteKind, ref: str) -> None:
     if kind is RouteKind.UPLOAD:
         if ref and not (_UPLOAD_ID_RE.fullmatch(ref) and ".." not in ref):
-            raise PathError("BLOB_UPLOAD_INVALID", f"invalid upload id {ref!r}", ref)
+            raise PathError(ErrorCode.BLOB_UPLOAD_INVALID, f"invalid upload id {ref!r}", ref)
         return
     if kind in (RouteKind.BLOB, RouteKind.REFERRERS) or (
         kind is RouteKind.MANIFEST and is_digest(ref)
     ):
         if problem := digest_problem(ref, strict=False):
-            raise PathError("DIGEST_INVALID", f"invalid digest: {problem}", ref)
+            raise PathError(ErrorCode.DIGEST_INVALID, f"invalid digest: {problem}", ref)
         return
     if kind is RouteKind.MANIFEST and tag_problem(ref):
         # As the registry answers: no manifest has that name (the conformance suite asks
         # for ".INVALID_MANIFEST_NAME"). Traversal never reaches here (refused above).
         raise PathError(
-            "MANIFEST_UNKNOWN", f"manifest unknown: {ref!r} is not a tag ({TAG_RULE})", ref, 404
+            ErrorCode.MANIFEST_UNKNOWN,
+            f"manifest unknown: {ref!r} is not a tag ({TAG_RULE})",
+            ref,
+            404,
         )
     if kind is RouteKind.VARIANTS and tag_problem(ref):
-        raise PathError("TAG_INVALID", f"invalid version {ref!r}: must match {TAG_RULE}", ref)
+        raise PathError(
+            ErrorCode.TAG_INVALID, f"invalid version {ref!r}: must match {TAG_RULE}", ref
+        )
 
 
 # Pulls ask for the same manifests and blobs over and over; a parse costs some 7 us of
@@ -151,7 +157,7 @@ def parse_v2_path(raw_path: str) -> Route:
         return Route(RouteKind.OTHER)
     if len(raw_path) > _PATH_MAX:
         raise PathError(
-            "NAME_INVALID",
+            ErrorCode.NAME_INVALID,
             f"request path of {len(raw_path)} characters is longer than any distribution "
             f"route ({_PATH_MAX}); a repository name is at most {NAME_MAX}",
             raw_path[:NAME_MAX] + "...",
@@ -161,7 +167,7 @@ def parse_v2_path(raw_path: str) -> Route:
     for text in (raw_path, decoded):
         if ".." in text or "%2e" in text.lower() or "//" in text:
             raise PathError(
-                "NAME_INVALID",
+                ErrorCode.NAME_INVALID,
                 "path traversal or empty path segment in the request path",
                 raw_path,
             )

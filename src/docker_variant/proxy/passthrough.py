@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 
@@ -26,9 +25,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from docker_variant import __version__
 from docker_variant.errors import one_line
-from docker_variant.oci.client import MANIFEST_ACCEPT
+from docker_variant.oci.errcode import ErrorCode
+from docker_variant.oci.http import USER_AGENT, async_client, async_transport, system_tls
+from docker_variant.oci.mediatypes import MANIFEST_ACCEPT
 from docker_variant.proxy.blobrelay import RELAY_MODES, RelayedResponse, cancel_on_disconnect
 from docker_variant.proxy.names import Route, RouteKind
 from docker_variant.proxy.responses import upstream_error
@@ -186,25 +186,25 @@ class Upstream:
         url = httpx.URL(self.base_url)
         self.prefix = url.path.rstrip("/")
         self._host_header = b"Host: " + url.netloc
-        self._user_agent = f"User-Agent: docker-variant-proxy/{__version__}".encode()
+        self._user_agent = f"User-Agent: {USER_AGENT}".encode()
+        # Both pools trust what every client of the package trusts (oci.http).
         self.raw = UpstreamPool(
             url.host,
             url.port or (443 if url.scheme == "https" else 80),
-            ssl.create_default_context() if url.scheme == "https" else None,
+            system_tls() if url.scheme == "https" else None,
             connect_timeout,
         )
-        self.transport = httpx.AsyncHTTPTransport(
+        self.transport = async_transport(
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
             ),
         )
         # No read time-out: a blob body may take as long as it takes. Requests without a
         # body get an overall deadline for their response headers instead (see forward).
-        self.client = httpx.AsyncClient(
+        self.client = async_client(
             transport=self.transport,
             timeout=httpx.Timeout(None, connect=connect_timeout),
             follow_redirects=False,
-            headers={"User-Agent": f"docker-variant-proxy/{__version__}"},
         )
 
     async def aclose(self) -> None:
@@ -299,11 +299,13 @@ class Upstream:
         except ClientDisconnect:
             return Response(status_code=499)  # nobody is left to read it
         except (TimeoutError, httpx.TimeoutException):
-            return upstream_error(504, "UNAVAILABLE", f"{what}: the upstream registry timed out")
+            return upstream_error(
+                504, ErrorCode.UNAVAILABLE, f"{what}: the upstream registry timed out"
+            )
         except httpx.HTTPError as exc:
             return upstream_error(
                 502,
-                "UNAVAILABLE",
+                ErrorCode.UNAVAILABLE,
                 f"{what}: the upstream registry failed: {type(exc).__name__}: {exc}",
             )
         headers_out = self.response_headers(
@@ -349,11 +351,13 @@ class Upstream:
             async with asyncio.timeout(self.timeout):
                 answer = await self.raw.request(head, has_body=method != "HEAD")
         except TimeoutError:
-            return upstream_error(504, "UNAVAILABLE", f"{what}: the upstream registry timed out")
+            return upstream_error(
+                504, ErrorCode.UNAVAILABLE, f"{what}: the upstream registry timed out"
+            )
         except (OSError, httptools.HttpParserError) as exc:
             return upstream_error(
                 502,
-                "UNAVAILABLE",
+                ErrorCode.UNAVAILABLE,
                 f"{what}: the upstream registry failed: {type(exc).__name__}: {exc}",
             )
         headers_out = self.response_headers(

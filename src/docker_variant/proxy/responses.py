@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from starlette.responses import Response
 
 from docker_variant.errors import DockerVariantError, one_line
+from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.errors import (
     BadUpstreamResponseError,
     NotFoundError,
@@ -40,25 +41,31 @@ def failure_response(exc: BaseException, what: str) -> Response:
     """The answer for a failed index scan: the upstream's own status for auth and
     not-found, 429 passed on, 504 for a time-out, 502 for everything else."""
     if timed_out(exc):
-        return upstream_error(504, "UNAVAILABLE", f"{what}: the upstream registry timed out: {exc}")
+        return upstream_error(
+            504, ErrorCode.UNAVAILABLE, f"{what}: the upstream registry timed out: {exc}"
+        )
     if isinstance(exc, RegistryAuthError):
         status = exc.status if exc.status in (401, 403) else 401
         headers = {}
         if challenge := exc.headers.get("www-authenticate"):
             headers["WWW-Authenticate"] = challenge
-        code = exc.code or ("UNAUTHORIZED" if status == 401 else "DENIED")
+        code = exc.code or (ErrorCode.UNAUTHORIZED if status == 401 else ErrorCode.DENIED)
         return upstream_error(status, code, str(exc), headers)
     if isinstance(exc, NotFoundError):
-        return upstream_error(404, exc.code or "NAME_UNKNOWN", str(exc))
+        return upstream_error(404, exc.code or ErrorCode.NAME_UNKNOWN, str(exc))
     if isinstance(exc, UpstreamUnavailableError) and exc.status == 429:
         headers = {}
         if retry := exc.headers.get("retry-after"):
             headers["Retry-After"] = retry
-        return upstream_error(429, "TOOMANYREQUESTS", str(exc), headers)
+        return upstream_error(429, ErrorCode.TOOMANYREQUESTS, str(exc), headers)
     if isinstance(exc, BadUpstreamResponseError):
-        return upstream_error(502, "UNKNOWN", f"{what}: the upstream answered garbage: {exc}")
+        return upstream_error(
+            502, ErrorCode.UNKNOWN, f"{what}: the upstream answered garbage: {exc}"
+        )
     if isinstance(exc, UpstreamUnavailableError):
-        return upstream_error(502, "UNAVAILABLE", f"{what}: the upstream is unavailable: {exc}")
+        return upstream_error(
+            502, ErrorCode.UNAVAILABLE, f"{what}: the upstream is unavailable: {exc}"
+        )
     if isinstance(exc, DockerVariantError):
-        return upstream_error(502, "UNKNOWN", f"{what}: {exc}")
-    return upstream_error(502, "UNKNOWN", f"{what}: {type(exc).__name__}: {exc}")
+        return upstream_error(502, ErrorCode.UNKNOWN, f"{what}: {exc}")
+    return upstream_error(502, ErrorCode.UNKNOWN, f"{what}: {type(exc).__name__}: {exc}")

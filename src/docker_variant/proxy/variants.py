@@ -24,6 +24,7 @@ from starlette.responses import Response
 from docker_variant.errors import InvalidInputError
 from docker_variant.jsondoc import load_json
 from docker_variant.oci.client import RegistryClient
+from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.errors import (
     BadUpstreamResponseError,
     NotFoundError,
@@ -243,7 +244,7 @@ class VariantService:
         except (ValueError, InvalidInputError) as exc:
             return oci_error(
                 400,
-                "MANIFEST_INVALID",
+                ErrorCode.MANIFEST_INVALID,
                 f"invalid X-Variant-Properties header: {exc}; expected compact JSON "
                 '{"namespace": {"feature": ["value", ...]}}',
                 {"header": "X-Variant-Properties"},
@@ -259,13 +260,13 @@ class VariantService:
         try:
             selection = select(index, host, platform)
         except InvalidInputError as exc:
-            return oci_error(400, "MANIFEST_INVALID", f"X-Variant-Properties header: {exc}")
+            return oci_error(400, ErrorCode.MANIFEST_INVALID, f"X-Variant-Properties header: {exc}")
         best = selection.best
         if best is None:
             reasons = "; ".join(f"{c.label or c.tag}: {c.reason}" for c in selection.rejected)
             return oci_error(
                 404,
-                "MANIFEST_UNKNOWN",
+                ErrorCode.MANIFEST_UNKNOWN,
                 f"no variant of {route.name}:{route.reference} fits the host described by "
                 f"X-Variant-Properties ({reasons or 'the version has no images'})",
                 {c.label or c.tag: c.reason for c in selection.rejected},

@@ -26,8 +26,10 @@ from sqlalchemy import exc as sa_exc
 from docker_variant import __version__
 from docker_variant.agent.client import check_scheduler_url, read_token
 from docker_variant.agent.command import add_agent_command, run_agent_command
-from docker_variant.errors import InvalidInputError, one_line
+from docker_variant.errors import InvalidInputError, UnreachableError, one_line
 from docker_variant.jsondoc import load_json, read_json_file
+from docker_variant.oci.errcode import read_error
+from docker_variant.oci.http import read_bounded, sync_client
 from docker_variant.oci.reference import check_registry
 from docker_variant.scheduler.app import create_app
 from docker_variant.scheduler.database import DEFAULT_DB_URL, DatabaseUnavailableError
@@ -53,6 +55,8 @@ DB_ENV = "VARIANT_SCHEDULER_DB"
 TOKENS_ENV = "VARIANT_SCHEDULER_TOKENS"
 REGISTRIES_ENV = "VARIANT_SCHEDULER_REGISTRIES"
 SCHEDULER_ENV = "VARIANT_SCHEDULER_URL"
+#: The largest what-if answer the command reads (the server refuses larger requests first).
+_WHAT_IF_ANSWER_LIMIT = 64 << 20
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -148,20 +152,27 @@ def _run_what_if(args: Any, error: Callable[[str], Any]) -> int:
         error(one_line(str(exc)))
         return 2
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    url = f"{scheduler}/v1/what-if"
     try:
-        response = httpx.post(f"{scheduler}/v1/what-if", json=body, headers=headers, timeout=60)
-    except httpx.HTTPError as exc:
+        with (
+            sync_client(timeout=60, headers=headers) as http,
+            http.stream("POST", url, json=body) as response,
+        ):
+            data = read_bounded(response, _WHAT_IF_ANSWER_LIMIT, url)
+        answer = load_json(data, f"{url} answer") if response.status_code == 200 else None
+    except (httpx.HTTPError, UnreachableError, InvalidInputError) as exc:
         sys.stderr.write(f"variant-scheduler: error: {scheduler}: {one_line(str(exc))}\n")
         return 3
     if response.status_code != 200:
-        try:
-            message = str(response.json()["errors"][0]["message"])
-        except (ValueError, KeyError, IndexError, TypeError):
-            message = response.text[:200] or response.reason_phrase
+        found = read_error(data)
+        message = found.message if found is not None and found.message else None
+        message = message or data[:200].decode("utf-8", "replace") or response.reason_phrase
         sys.stderr.write(f"variant-scheduler: error: {response.status_code} {one_line(message)}\n")
         status = response.status_code
         return 2 if status < 404 or status == 413 else 3 if status in (404, 502, 503, 504) else 4
-    answer = response.json()
+    if not isinstance(answer, dict):
+        sys.stderr.write(f"variant-scheduler: error: {url}: the answer is not a JSON object\n")
+        return 3
     sys.stdout.write(json.dumps(answer, indent=2) + "\n")
     return 0 if answer.get("fits_now") or answer.get("options") else 1
 

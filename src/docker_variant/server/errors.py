@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 import httpx
 from starlette.responses import Response
 
-from docker_variant.errors import one_line
+from docker_variant.oci.errcode import ErrorCode, error_body
 from docker_variant.oci.errors import (
     BadUpstreamResponseError,
     NotFoundError,
@@ -23,15 +22,15 @@ JSON = "application/json"
 
 def oci_error(
     status: int,
-    code: str,
+    code: ErrorCode | str,
     message: str,
     detail: object = None,
     headers: Mapping[str, str] | None = None,
 ) -> Response:
-    """``{"errors": [{"code", "message", "detail"}]}``, the distribution spec's error body."""
-    body = {"errors": [{"code": code, "message": one_line(message), "detail": detail}]}
+    """``{"errors": [{"code", "message", "detail"}]}``, the distribution spec's error body
+    (written by ``oci.errcode.error_body``)."""
     return Response(
-        json.dumps(body, sort_keys=True).encode(),
+        error_body(code, message, detail),
         status_code=status,
         headers=dict(headers or {}),
         media_type=JSON,
