@@ -14,7 +14,14 @@ import typer
 
 from docker_variant import __version__
 from docker_variant.cli import k8s, plugin, providers, publish, select
-from docker_variant.cli.options import EnableOpt, JsonOpt, Options, ProvidersFileOpt
+from docker_variant.cli.options import (
+    DescriptorsOpt,
+    EnableOpt,
+    HostRootOpt,
+    JsonOpt,
+    Options,
+    ProvidersFileOpt,
+)
 from docker_variant.errors import DockerVariantError
 from docker_variant.safetext import safe_text
 
@@ -53,10 +60,12 @@ def global_options(
     json_: JsonOpt = False,
     providers_file: ProvidersFileOpt = None,
     enable: EnableOpt = None,
+    host_root: HostRootOpt = None,
+    descriptors: DescriptorsOpt = None,
     _version: VersionOpt = False,
 ) -> None:
     """The global options (see ``cli.options``), before the command."""
-    ctx.obj = Options(json_, providers_file, list(enable or []))
+    ctx.obj = Options(json_, providers_file, list(enable or []), host_root, descriptors)
 
 
 app.command()(providers.providers)

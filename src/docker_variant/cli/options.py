@@ -18,7 +18,10 @@ if TYPE_CHECKING:
     from docker_variant.providers import HostReport
 
 __all__ = [
+    "DescriptorsOpt",
     "EnableOpt",
+    "GpusOpt",
+    "HostRootOpt",
     "IndexOpt",
     "JsonOpt",
     "NoVerifyOpt",
@@ -36,11 +39,19 @@ class Options:
     json: bool = False
     providers_file: Path | None = None
     enable_provider: list[str] = field(default_factory=list)
+    host_root: Path | None = None
+    descriptors: Path | None = None
 
     def host(self, refresh: bool = False) -> HostReport:
         from docker_variant.providers import detect_host
 
-        return detect_host(self.providers_file, self.enable_provider, use_cache=not refresh)
+        return detect_host(
+            self.providers_file,
+            self.enable_provider,
+            use_cache=not refresh,
+            host_root=self.host_root,
+            descriptors=self.descriptors,
+        )
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
@@ -50,6 +61,29 @@ ProvidersFileOpt = Annotated[
         "--providers-file",
         envvar="DOCKER_VARIANT_PROVIDERS_FILE",
         help="Supported lists to use instead of detection.",
+    ),
+]
+HostRootOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--host-root",
+        envvar="DOCKER_VARIANT_HOST_ROOT",
+        help="Read the host's files (sys/, opt/rocm) under DIR (default /).",
+    ),
+]
+DescriptorsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--descriptors",
+        envvar="DOCKER_VARIANT_DESCRIPTORS",
+        help="Also read device descriptors (*.toml) from DIR.",
+    ),
+]
+GpusOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--gpus",
+        help="Choose for exactly these devices, as docker run --gpus: all, N, device=0,2.",
     ),
 ]
 EnableOpt = Annotated[
@@ -86,4 +120,6 @@ def command_options(
         json=json_ or base.json,
         providers_file=providers_file or base.providers_file,
         enable_provider=[*base.enable_provider, *(enable or [])],
+        host_root=base.host_root,
+        descriptors=base.descriptors,
     )

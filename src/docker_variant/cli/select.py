@@ -10,6 +10,7 @@ import typer
 
 from docker_variant.cli.options import (
     EnableOpt,
+    GpusOpt,
     IndexOpt,
     JsonOpt,
     Options,
@@ -80,13 +81,28 @@ def target_of(ref: str | None, index: str | None) -> Target:
     return Target(variant_index, reference)
 
 
-def select_for_host(opts: Options, target: Target, platform: str | None) -> Selection:
+def select_for_host(
+    opts: Options, target: Target, platform: str | None, gpus: str | None = None
+) -> Selection:
+    """The selection for this host; with ``--gpus``, for exactly those devices (a variant
+    fits only if every chosen device runs it); without, on the host's aggregate lists, each
+    candidate saying whether it fits only some of the devices."""
+    from docker_variant.providers.gpus import all_devices, choose_devices, parse_gpus
     from docker_variant.variant.platform import Platform, host_platform
 
     # As docker pull: the engine's machine unless --platform says otherwise, also when a
     # providers file describes the host's devices.
     chosen = Platform.parse(platform, "--platform") if platform else host_platform()
-    return select(target.index, opts.host().host, chosen)
+    request = parse_gpus(gpus) if gpus is not None else None  # bad syntax before detection
+    report = opts.host()
+    if request is None:
+        return select(target.index, report.host, chosen, all_devices(report))
+    devices = choose_devices(report, request, gpus or "")
+    return select(target.index, devices.host, chosen, devices.devices, every_device=True)
+
+
+def _devices_notes(selection: Selection) -> list[str]:
+    return [f"{c.label}: {c.devices_note}" for c in selection.ranked if c.devices_note and c.label]
 
 
 def report_no_match(selection: Selection, target: Target) -> None:
@@ -102,6 +118,7 @@ def ls_(
     ref: Annotated[str | None, typer.Argument(help="registry/name:version")] = None,
     index: IndexOpt = None,
     platform: PlatformOpt = None,
+    gpus: GpusOpt = None,
     json_: JsonOpt = False,
     providers_file: ProvidersFileOpt = None,
     enable: EnableOpt = None,
@@ -109,11 +126,17 @@ def ls_(
     """List every variant: compatible or not (with the reason), rank and tag."""
     opts = command_options(ctx, json_, providers_file, enable)
     target = target_of(ref, index)
-    selection = select_for_host(opts, target, platform)
+    selection = select_for_host(opts, target, platform, gpus)
     if opts.json:
-        emit_json(selection_json(selection, str(target.reference) if target.reference else None))
+        data = selection_json(selection, str(target.reference) if target.reference else None)
+        notes = {c.label: c.devices_note for c in selection.ranked if c.devices_note}
+        if notes:
+            data["some_devices"] = notes  # fits the host's lists, not each of its devices
+        emit_json(data)
     else:
         stdout_console().print(selection_table(selection, f"Variants of {target.describe()}"))
+        for note in _devices_notes(selection):
+            sys.stdout.write(safe_text(f"note: {note}", markup=False) + "\n")
 
 
 def resolve(
@@ -121,6 +144,7 @@ def resolve(
     ref: Annotated[str | None, typer.Argument(help="registry/name:version")] = None,
     index: IndexOpt = None,
     platform: PlatformOpt = None,
+    gpus: GpusOpt = None,
     json_: JsonOpt = False,
     providers_file: ProvidersFileOpt = None,
     enable: EnableOpt = None,
@@ -128,7 +152,7 @@ def resolve(
     """Print the reference of the best variant for this host."""
     opts = command_options(ctx, json_, providers_file, enable)
     target = target_of(ref, index)
-    selection = select_for_host(opts, target, platform)
+    selection = select_for_host(opts, target, platform, gpus)
     best = selection.best
     if best is None:
         if opts.json:
@@ -161,6 +185,7 @@ def pull(
     index: IndexOpt = None,
     platform: PlatformOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the choice only.")] = False,
+    gpus: GpusOpt = None,
     json_: JsonOpt = False,
     providers_file: ProvidersFileOpt = None,
     enable: EnableOpt = None,
@@ -178,7 +203,7 @@ def pull(
         if engine is not None:
             engine.ping()  # fail fast, before any registry traffic
         target = Target(load_index(index), reference) if index else target_of(ref, None)
-        selection = select_for_host(opts, target, platform)
+        selection = select_for_host(opts, target, platform, gpus)
         best = selection.best
         if best is None:
             if not opts.json:
