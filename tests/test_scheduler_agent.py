@@ -15,6 +15,8 @@ import json
 import os
 import queue
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -209,6 +211,118 @@ def test_a_gpu_lost_mid_run_keeps_its_neighbours_reported(
     assert second["unhealthy"] == {"nvidia": [uuids(machine)[0]]}
 
 
+# --------------------------------------------------------------------------- other vendors
+
+HOST_ROOTS = TESTS / "fixtures" / "hostroot"  # sysfs as on real hosts (tests/test_amd_provider.py)
+DESCRIPTORS = TESTS.parent / "examples" / "providers.d"  # the Warboy and Gaudi2 examples
+
+
+@pytest.fixture
+def no_user_descriptors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Only the descriptors a test names apply (not this machine's user's)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    for name in (
+        "DOCKER_VARIANT_HOST_ROOT",
+        "DOCKER_VARIANT_DESCRIPTORS",
+        "DOCKER_VARIANT_PROVIDERS_FILE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_an_mi300x_host_reports_its_gpus_and_nvml_judges_only_nvidia_ones(
+    fake_nvml: ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    no_user_descriptors: None,
+) -> None:
+    """An MI300X host with two H100s beside it (NVML answers for those): the AMD GPUs are
+    reported by PCI address with their gfx target; an H100 with an ECC error is unhealthy,
+    no AMD GPU is, though NVML knows none of them."""
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)
+    machine = healthy_machine()
+    machine["devices"][0]["nvmlDeviceGetTotalEccErrors"] = 2
+    use(monkeypatch, tmp_path, machine)
+    settings = AgentSettings("http://127.0.0.1:9", "mi300x", host_root=HOST_ROOTS / "mi300x")
+    body = Agent(settings, nvml=fake_nvml).report()
+    amd = body["devices"]["amd"]
+    assert len(amd) == 8 and all(re.fullmatch(r"0000:[0-9a-f]{2}:00\.0", pci) for pci in amd)
+    assert {lists["amd"]["gfx_arch"][0] for lists in amd.values()} == {"gfx942"}
+    assert body["host"]["amd"]["gfx_arch"] == ["gfx942"]
+    assert body["host"]["amd"]["rocm_version"][0] == "6.4"  # the host's own ROCm first
+    assert sorted(body["devices"]["nvidia"]) == sorted(uuids(machine))
+    assert body["unhealthy"] == {"nvidia": [uuids(machine)[0]]}
+
+
+def test_a_warboy_host_reports_its_npus_from_the_descriptor(no_user_descriptors: None) -> None:
+    settings = AgentSettings(
+        "http://127.0.0.1:9", "npu", host_root=HOST_ROOTS / "warboy", descriptors=DESCRIPTORS
+    )
+    body = Agent(settings).report()
+    furiosa = body["devices"]["furiosa"]
+    assert sorted(furiosa) == ["0000:17:00.0", "0000:65:00.0"]  # 0000:31:00.0 is no Warboy
+    assert all(
+        lists == {"furiosa": {"arch": ["warboy"], "driver_version": ["1.9.2"]}}
+        for lists in furiosa.values()
+    )
+    assert "amd" not in body["devices"] and "unhealthy" not in body
+
+
+def test_a_device_detection_stops_listing_is_kept_and_unhealthy(
+    tmp_path: Path, no_user_descriptors: None
+) -> None:
+    """An AMD GPU that falls off the bus leaves the KFD topology: the agent keeps it, with
+    its last lists, marked unhealthy; NVML has no say in it."""
+    root = tmp_path / "host"
+    shutil.copytree(HOST_ROOTS / "mi210-navi31", root)
+    agent = Agent(AgentSettings("http://127.0.0.1:9", "node", host_root=root))
+    first = agent.report()
+    assert sorted(first["devices"]["amd"]) == ["0000:03:00.0", "0000:0c:00.0"]
+    nodes = root / "sys/class/kfd/kfd/topology/nodes"
+    gone = next(
+        node
+        for node in nodes.iterdir()
+        if "gfx_target_version 110000" in (node / "properties").read_text()
+    )
+    shutil.rmtree(gone)  # the Navi 31
+    second = agent.report()
+    assert second["devices"] == first["devices"]
+    assert second["unhealthy"] == {"amd": ["0000:0c:00.0"]}
+    shutil.copytree(HOST_ROOTS / "mi210-navi31" / gone.relative_to(root), gone)
+    assert "unhealthy" not in agent.report()  # back on the bus: healthy again
+
+
+def test_the_agent_command_takes_a_host_root_and_descriptors(
+    tmp_path: Path, started: list[Any], no_user_descriptors: None
+) -> None:
+    """``--host-root`` and ``--descriptors`` on the command line, or
+    ``$DOCKER_VARIANT_HOST_ROOT``: each agent's heartbeats carry its host's devices."""
+    scheduler = devstack.start_scheduler(tmp_path / "scheduler")
+    started.append(scheduler)
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "config")}
+    npu = AgentProcess(
+        tmp_path / "npu",
+        ["--scheduler", scheduler.url, "--agent-id", "npu", "--host-root",
+         str(HOST_ROOTS / "warboy"), "--descriptors", str(DESCRIPTORS)],
+        env,
+    )  # fmt: skip
+    started.append(npu)
+    gpu = AgentProcess(
+        tmp_path / "gpu",
+        ["--scheduler", scheduler.url, "--agent-id", "gpu"],
+        {**env, "DOCKER_VARIANT_HOST_ROOT": str(HOST_ROOTS / "mi300x")},
+    )
+    started.append(gpu)
+    sources = npu.expect("detecting with")["message"]
+    assert f"furiosa: descriptor {DESCRIPTORS / 'furiosa-warboy.toml'}" in sources, sources
+    npu.expect("registered with")
+    assert "amd: built-in (KFD sysfs under" in gpu.expect("detecting with")["message"]
+    gpu.expect("registered with")
+    listed = agents(scheduler.url)
+    assert listed["npu"]["devices"]["furiosa"]["free"] == ["0000:17:00.0", "0000:65:00.0"]
+    assert len(listed["gpu"]["devices"]["amd"]["free"]) == 8
+    assert npu.stop() == 0 and gpu.stop() == 0
+
+
 # --------------------------------------------------------------------------- inputs
 
 
@@ -278,6 +392,7 @@ def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
         (["--agent-id", "a/b"], "agent_id 'a/b' is not valid"),
         (["--resource-group", "a b"], "--resource-group 'a b' is not valid"),
         (["--interval", "0"], "interval must be > 0 seconds, got '0'"),
+        (["--host-root", "/no/such/root"], "--host-root '/no/such/root': not a directory"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(
@@ -370,6 +485,7 @@ class AgentProcess:
 
     def __init__(self, root: Path, argv: list[str], env: dict[str, str] | None = None) -> None:
         command = [sys.executable, "-m", "docker_variant.scheduler", "agent", *argv]
+        root.mkdir(parents=True, exist_ok=True)
         self.process, self.output = spawn(command, root / "agent.log", env)
 
     def text(self) -> str:

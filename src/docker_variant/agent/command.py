@@ -43,6 +43,22 @@ def add_agent_command(commands: Any) -> None:
         "instead of detection (default $DOCKER_VARIANT_PROVIDERS_FILE)",
     )
     agent.add_argument(
+        "--host-root",
+        type=Path,
+        metavar="DIR",
+        help="read the host's files (sys/..., opt/rocm/...) under DIR, as an agent in a "
+        "container with the host's /sys mounted under DIR does; NVML is not affected "
+        "(default $DOCKER_VARIANT_HOST_ROOT, else /)",
+    )
+    agent.add_argument(
+        "--descriptors",
+        type=Path,
+        metavar="DIR",
+        help="also read the device descriptors (*.toml) in DIR, after "
+        "/etc/docker-variant/providers.d and $XDG_CONFIG_HOME/docker-variant/providers.d "
+        "(default $DOCKER_VARIANT_DESCRIPTORS)",
+    )
+    agent.add_argument(
         "--agent-id", metavar="ID", help="default: this machine's host name (short form)"
     )
     agent.add_argument("--resource-group", default="default", metavar="G")
@@ -65,7 +81,7 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
 
     from docker_variant.agent.client import check_scheduler_url
     from docker_variant.agent.node import Agent
-    from docker_variant.providers import PROVIDERS_FILE_ENV
+    from docker_variant.providers import PROVIDERS_FILE_ENV, HostRoot
     from docker_variant.scheduler.documents import check_agent_id
     from docker_variant.server.logs import configure_logging
 
@@ -86,6 +102,8 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
         except InvalidInputError as exc:
             raise InvalidInputError(str(exc).replace("agent_id", "--resource-group", 1)) from None
         providers_file = args.providers_file or os.environ.get(PROVIDERS_FILE_ENV) or None
+        if args.host_root is not None:
+            HostRoot.resolve(args.host_root)  # named in one line now, even with a providers file
         settings = AgentSettings(
             scheduler,
             agent_id,
@@ -94,6 +112,8 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
             args.token_file,
             Path(providers_file) if providers_file else None,
             tuple(args.enable_provider),
+            host_root=args.host_root,
+            descriptors=args.descriptors,
         )
         configure_logging(args.log_level)
         agent = Agent(settings, stop=stop)

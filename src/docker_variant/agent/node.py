@@ -3,8 +3,12 @@
 Each heartbeat is a whole report, ``PUT /v1/agents/{agent_id}``:
 
 - ``host`` and ``devices``: detected afresh, with the providers of ``docker-variant providers
-  --devices`` (a ``--providers-file`` replaces detection, as everywhere; it may be plain
-  supported lists, host only, or what ``docker-variant providers --devices --json`` prints);
+  --devices``: NVIDIA GPUs through NVML (``devices.nvidia.<UUID>``), AMD GPUs from the KFD
+  sysfs topology and the PCI devices that device descriptors describe
+  (``devices.<namespace>.<PCI address>``), those files read under the host root
+  (``settings.host_root``: an agent in a container with the host's ``/sys`` mounted
+  elsewhere). A ``--providers-file`` replaces detection, as everywhere; it may be plain
+  supported lists, host only, or what ``docker-variant providers --devices --json`` prints;
 - ``platform``: this machine's (with a providers file: the one its CPU namespace implies);
 - ``unhealthy``: the NVIDIA devices that, through NVML, stop answering (any NVML error but
   "not supported", e.g. ``NVMLError_GpuIsLost``), count uncorrectable ECC errors since the
@@ -181,6 +185,7 @@ class Agent:
         # kind -> device id -> last lists, of the devices detection listed in this run
         self._seen: dict[str, dict[str, SupportedLists]] = {}
         self._unhealthy: dict[tuple[str, str], str] = {}  # last verdicts, to log changes only
+        self._sources: dict[str, str] | None = None  # which provider answered, last report
         self.beats = 0  # heartbeats the scheduler took
         self.reported = 0  # devices in the last report
 
@@ -201,7 +206,14 @@ class Agent:
             devices = {kind: dict(ids) for kind, ids in found.devices.items()}
             known: Mapping[str, SupportedLists] = {}
         else:
-            found = detect_host(None, settings.enable, use_cache=False)
+            found = detect_host(
+                None,
+                settings.enable,
+                use_cache=False,
+                host_root=settings.host_root,
+                descriptors=settings.descriptors,
+            )
+            self._log_sources(found.sources)
             platform = host_platform()
             devices = {kind: dict(ids) for kind, ids in found.devices.items()}
             # a device that detection stops listing is kept, with its last lists, and judged
@@ -233,6 +245,13 @@ class Agent:
             body["capacity"] = capacity
         self.reported = sum(len(ids) for ids in devices.values())
         return body
+
+    def _log_sources(self, sources: Mapping[str, str]) -> None:
+        """Say which provider answers for each namespace, at start and when that changes."""
+        if sources != self._sources:
+            said = "; ".join(f"{ns}: {source}" for ns, source in sorted(sources.items()))
+            _log.info("detecting with %s", said or "no provider answering")
+            self._sources = dict(sources)
 
     def _log_health(self, verdicts: Mapping[tuple[str, str], str]) -> None:
         for (kind, device_id), why in sorted(verdicts.items()):

@@ -19,3 +19,6 @@ class AgentSettings:
     token_file: Path | None = None
     providers_file: Path | None = None
     enable: tuple[str, ...] = ()  # third-party provider plugins opted in
+    # where file-based detection reads the host's files (None: $DOCKER_VARIANT_HOST_ROOT, /)
+    host_root: Path | None = None
+    descriptors: Path | None = None  # a directory of device descriptors, read after the system's
