@@ -1,6 +1,6 @@
 """One exception tree for the whole package.
 
-Every error a user can cause or meet carries the CLI exit code of SPEC section 7, so
+Every error a user can cause or meet carries the CLI exit code of docs/reference/cli.md, so
 the command line maps exceptions to exit codes in exactly one place.
 """
 

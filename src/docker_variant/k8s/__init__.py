@@ -1,4 +1,4 @@
-"""Kubernetes (SPEC section 9): a DRA ResourceClaimTemplate from an image's variants
+"""Kubernetes (docs/reference/kubernetes.md): a DRA ResourceClaimTemplate from an image's variants
 (``claim.py``, CEL selectors in ``cel.py``), node labels from a host's supported lists
 (``labels.py``) and a containerd ``hosts.toml`` that sends them to variant-proxy
 (``containerd.py``). Manifests are written as YAML by ``yamltext.py``."""

@@ -1,4 +1,4 @@
-"""A DRA ``ResourceClaimTemplate`` that asks for devices fitting an image's variants (SPEC 9).
+"""A DRA ``ResourceClaimTemplate`` that asks for devices fitting an image's variants (docs/reference/kubernetes.md).
 
 One request whose ``firstAvailable`` subrequests are the variants in the order they rank on a
 *virtual host* that supports all of them: built from the index's own properties, each

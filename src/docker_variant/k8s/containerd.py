@@ -1,4 +1,4 @@
-"""A containerd ``hosts.toml`` that sends this node's ``X-Variant-Properties`` (SPEC 6, 9).
+"""A containerd ``hosts.toml`` that sends this node's ``X-Variant-Properties`` (docs/reference/proxy-api.md and kubernetes.md).
 
 With it under containerd's hosts directory (``config_path`` of the CRI plugin, or
 ``ctr images pull --hosts-dir``), every pull from ``REGISTRY`` goes to ``server`` (a

@@ -1,4 +1,4 @@
-"""Kubernetes node labels from a host's supported lists (SPEC section 9).
+"""Kubernetes node labels from a host's supported lists (docs/reference/kubernetes.md).
 
 One label per supported property, ``variant.pep817.dev/<namespace>.<feature>.<value>=true``:
 a node carries the label exactly when its lists hold the property, so a variant's needs

@@ -1,4 +1,4 @@
-"""The variant image index (SPEC section 10): an OCI image index at tag ``VERSION`` whose
+"""The variant image index (docs/reference/image-index.md): an OCI image index at tag ``VERSION`` whose
 entries are the version's image manifests, each annotated with its variant labels.
 
 Pure functions: ``read_image_index`` turns such an index into the records ``build_index``

@@ -1,4 +1,4 @@
-"""Build a version's variant index from a registry (SPEC sections 5 and 10, client side).
+"""Build a version's variant index from a registry (docs/reference/index-document.md and image-index.md, client side).
 
 Where it comes from, cheapest first: a variant image index at tag ``VERSION`` (one manifest
 request, no config blobs), else a scan of the tags ``VERSION`` and ``VERSION-*`` (a tag list,

@@ -1,4 +1,4 @@
-"""Where a version's variant index comes from (SPEC section 10): the proxy's ``_variants``
+"""Where a version's variant index comes from (docs/reference/image-index.md): the proxy's ``_variants``
 API if the registry has one, else a variant image index at ``VERSION``, else a client-side
 scan (the three give the same document)."""
 

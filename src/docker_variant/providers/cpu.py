@@ -1,4 +1,4 @@
-"""CPU namespaces through the wheelnext provider plugins (SPEC section 4)."""
+"""CPU namespaces through the wheelnext provider plugins (docs/reference/host-properties.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ``nvidia`` namespace (SPEC section 4): NVML first, ``nvidia-smi`` as the fallback.
+"""The ``nvidia`` namespace (docs/reference/host-properties.md): NVML first, ``nvidia-smi`` as the fallback.
 
 The lists are exactly those of the wheelnext NVIDIA variant provider (``vendors.nvidia``
 computes them) so that a variant image is chosen the way pip/uv choose a variant wheel on

@@ -255,7 +255,7 @@ class VariantService:
         index = result.index
         if not index.variants and index.bare is None:
             return await self.upstream.forward(request, route)  # not a variant version
-        # The header's CPU namespace says the caller's platform (SPEC section 10).
+        # The header's CPU namespace says the caller's platform (docs/reference/image-index.md).
         platform = platform_of_lists(host)
         try:
             selection = select(index, host, platform)

@@ -1,7 +1,7 @@
 """``variant-scheduler serve [--db URL] [--listen HOST:PORT]``: run the scheduler under uvicorn.
 ``variant-scheduler what-if --templates FILE REQUEST`` asks a running scheduler (``--scheduler
 URL``) whether a placement request fits its pool, or how many nodes of each template would
-make it fit (SPEC 8, ``whatif.py``); it exits 0 when it fits or a template helps, else 1.
+make it fit (docs/reference/scheduler-api.md, ``whatif.py``); it exits 0 when it fits or a template helps, else 1.
 
 Bad arguments (a bad database URL or listen address, a busy port) end with one line on stderr
 and exit code 2; a database that cannot be reached at start, one line and exit code 3. Never a
@@ -115,7 +115,7 @@ def _add_what_if_command(commands: Any) -> None:
         "--templates",
         required=True,
         metavar="FILE",
-        help='node templates: a JSON list, or {"templates": [...]} (SPEC 8)',
+        help='node templates: a JSON list, or {"templates": [...]} (docs/reference/scheduler-api.md)',
     )
     what_if.add_argument(
         "--scheduler",

@@ -1,4 +1,4 @@
-"""The ``variant-scheduler`` HTTP API (SPEC section 8), a Starlette app over a ``Store``.
+"""The ``variant-scheduler`` HTTP API (docs/reference/scheduler-api.md), a Starlette app over a ``Store``.
 
 | route | does |
 |---|---|
@@ -167,7 +167,7 @@ def create_app(
 ) -> Starlette:
     """The API over ``store``; ``fetch`` turns ``registry/name:version`` into its index.
 
-    ``tokens``: who may call (SPEC 8 roles); ``None`` lets every caller act as admin, for a
+    ``tokens``: who may call (docs/reference/scheduler-api.md roles); ``None`` lets every caller act as admin, for a
     server on loopback only. ``registries``: the registries (``host[:port]``) whose images
     ``{"image": REF}`` may name, so that no caller can make the scheduler contact a host it
     was not configured for. Without them a server with tokens takes only ``{"index": ...}``;

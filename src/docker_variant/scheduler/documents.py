@@ -1,4 +1,4 @@
-"""What agents and clients send the scheduler, validated (SPEC section 8).
+"""What agents and clients send the scheduler, validated (docs/reference/scheduler-api.md).
 
 Every check raises ``InvalidInputError`` with one line that names the offending value, so
 the HTTP layer answers 400 with it unchanged.
@@ -172,7 +172,7 @@ def _unhealthy(
 
 def parse_agent_report(data: object, path_agent_id: str) -> AgentReport:
     """``{"agent_id", "resource_group", "host", "devices"}`` as PUT to ``/v1/agents/{id}``,
-    with optional ``platform``, ``capacity`` and ``unhealthy`` (SPEC 8)."""
+    with optional ``platform``, ``capacity`` and ``unhealthy`` (docs/reference/scheduler-api.md)."""
     report = _object(data, "an agent report")
     known = {"agent_id", "resource_group", "host", "devices", "platform", "capacity", "unhealthy"}
     _unknown_keys(report, known, "agent report")

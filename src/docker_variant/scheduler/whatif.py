@@ -1,4 +1,4 @@
-"""What-if for autoscalers (SPEC 8 ``POST /v1/what-if``): would new nodes of a template make
+"""What-if for autoscalers (docs/reference/scheduler-api.md ``POST /v1/what-if``): would new nodes of a template make
 a placement request place, how many, and with which variant? Pure, and it allocates nothing.
 
 It plans with ``placement.plan`` itself, on a copy of the pool snapshot plus *virtual nodes*

@@ -1,4 +1,4 @@
-"""The variant index document (SPEC section 5): its model, parser and builder.
+"""The variant index document (docs/reference/index-document.md): its model, parser and builder.
 
 The proxy serves it and the client builds it when there is no proxy; both call
 ``build_index`` so the two documents are the same byte for byte after key sorting.
@@ -26,7 +26,7 @@ SCHEMA_URL = "https://variants-schema.wheelnext.dev/peps/825/v0.1.1.json"
 @dataclass(frozen=True)
 class ImageRef:
     """An image of the version. ``platforms`` maps ``os/arch[/variant]`` to that platform's
-    manifest digest; empty means the image is for whatever platform the host has (SPEC 10).
+    manifest digest; empty means the image is for whatever platform the host has (docs/reference/image-index.md).
     With several platforms, ``digest`` is the first platform's (in sorted order), so the
     document is the same whether it was built from a scan or from a variant image index."""
 
@@ -176,7 +176,7 @@ def _image_ref(data: object, where: str) -> ImageRef:
 
 
 def build_index(version: str, records: Iterable[ImageRecord]) -> VariantIndex:
-    """Index one version from its tags' labels (SPEC sections 3 and 5).
+    """Index one version from its tags' labels (docs/reference/labels.md and index-document.md).
 
     Tags of other versions that share the prefix (``1.0.0-ubuntu24.04`` next to ``1.0.0``)
     are skipped: a tag belongs to ``version`` only if it is ``version`` itself or

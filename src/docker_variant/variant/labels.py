@@ -1,4 +1,4 @@
-"""Image labels <-> variants (SPEC section 3)."""
+"""Image labels <-> variants (docs/reference/labels.md)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ __all__ = [
     "read_labels",
 ]
 
-#: Every label (and index annotation) of SPEC section 3 starts with this.
+#: Every label (and index annotation) of docs/reference/labels.md starts with this.
 LABEL_PREFIX = "dev.pep817."
 LABEL_KEY = "dev.pep817.variant-label"
 PROPERTY_PREFIX = "dev.pep817.variant."

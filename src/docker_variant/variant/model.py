@@ -43,7 +43,7 @@ __all__ = [
 NULL_LABEL: str = NULL_VARIANT_LABEL
 MAX_LABEL_LENGTH = 64
 
-#: ``{namespace: {feature: [values, most preferred first]}}`` (SPEC section 4).
+#: ``{namespace: {feature: [values, most preferred first]}}`` (docs/reference/host-properties.md).
 SupportedLists = dict[str, dict[str, list[str]]]
 
 #: CPU namespaces rank after accelerator namespaces when no image states an order.
@@ -121,7 +121,7 @@ class Variant:
 
     @classmethod
     def build(cls, label: str, properties: Iterable[Property], where: str = "") -> Variant:
-        """Group properties by feature and validate the result (SPEC section 2)."""
+        """Group properties by feature and validate the result (docs/reference/labels.md)."""
         grouped: dict[str, dict[str, list[str]]] = {}
         for prop in properties:
             grouped.setdefault(prop.namespace, {}).setdefault(prop.feature, []).append(prop.value)
@@ -192,7 +192,7 @@ class Variant:
 
 
 def parse_supported_lists(data: object, source: str) -> SupportedLists:
-    """Validate a supported-lists document (SPEC section 4) read from ``source``."""
+    """Validate a supported-lists document (docs/reference/host-properties.md) read from ``source``."""
     if not isinstance(data, dict):
         raise InvalidInputError(
             f"{source}: expected {{namespace: {{feature: [values]}}}}, got {type(data).__name__}"

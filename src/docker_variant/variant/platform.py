@@ -3,7 +3,7 @@
 Matching is Docker's (containerd ``platforms.Only`` for one host platform, without the
 32-bit fallbacks): the OS and architecture must be equal and the variant equal after
 normalisation (``arm64`` is ``arm64/v8``, ``arm`` is ``arm/v7``, ``amd64/v1`` is ``amd64``).
-Where a host names no platform, its CPU namespace says it (SPEC section 10).
+Where a host names no platform, its CPU namespace says it (docs/reference/image-index.md).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ _NO_VARIANT = {("amd64", "v1")}
 _CPU_NAMESPACES = {"x86_64": "amd64", "aarch64": "arm64"}
 
 #: A host with no accelerator and the baseline CPU of each platform: what a variant-unaware
-#: client is assumed to run on (the first entry of a variant image index, SPEC section 10).
+#: client is assumed to run on (the first entry of a variant image index, docs/reference/image-index.md).
 BASELINE_HOSTS: dict[str, SupportedLists] = {
     "amd64": {"x86_64": {"level": ["v1"]}},
     "arm64": {"aarch64": {"version": ["8a"]}},

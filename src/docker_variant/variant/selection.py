@@ -1,9 +1,9 @@
 """Selection: every variant of an index, ranked for one host or rejected with a reason.
 
-Order (SPEC section 2): compatible variants by ``HostMatcher``, then the ``null`` variant,
+Order (docs/reference/labels.md): compatible variants by ``HostMatcher``, then the ``null`` variant,
 then the bare image. CLI, proxy and scheduler all select through ``select``.
 
-With a ``platform`` (SPEC section 10), images that list their platforms and have none the
+With a ``platform`` (docs/reference/image-index.md), images that list their platforms and have none the
 host's matches are rejected (``no linux/arm64 image``), and a chosen image's digest is that
 platform's manifest. Images that list no platforms are taken to be for the host's.
 
