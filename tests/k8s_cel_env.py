@@ -232,3 +232,32 @@ def first_available(subrequests: list[dict[str, Any]], device: Device) -> str | 
         if all(matches(expression, device) for expression in selectors):
             return str(sub["name"])
     return None
+
+
+# --------------------------------------------------------------------------- AMD products
+
+
+def amd_gpu(device_id: int, product: str, driver_version: str, index: int = 0) -> Device:
+    """A ``gpu.amd.com`` GPU as the AMD GPU DRA driver publishes it: ``deviceID`` the PCI
+    device ID, ``productName``, ``driverVersion`` the amdgpu driver's version; no gfx target."""
+    return Device(
+        f"gpu-{index}",
+        "gpu.amd.com",
+        {
+            "type": "amdgpu",
+            "deviceID": f"0x{device_id:04x}",
+            "productName": product,
+            "driverVersion": Semver.parse(driver_version),
+            "partitionProfile": "spx_nps1",
+            "numaNode": 0,
+            "resource.kubernetes.io/pciBusID": f"0000:{index + 0x05:02x}:00.0",
+        },
+    )
+
+
+def first_available_of_class(subrequests: list[dict[str, Any]], device: Device) -> str | None:
+    """As ``first_available``, among the subrequests whose device class is the device's
+    driver (a DeviceClass selects its driver's devices)."""
+    return first_available(
+        [sub for sub in subrequests if sub["deviceClassName"] == device.driver], device
+    )
