@@ -206,6 +206,7 @@ def nvidia_gpu(product: str, driver: str, index: int = 0) -> Device:
     """A ``gpu.nvidia.com`` GPU as the NVIDIA DRA driver publishes it."""
     name, (major, minor), architecture = PRODUCTS[product]
     driver_version, (cuda_major, cuda_minor) = DRIVERS[driver]
+    d_major, d_minor, d_patch = (int(part) for part in driver_version.split("."))
     return Device(
         f"gpu-{index}",
         "gpu.nvidia.com",
@@ -217,7 +218,7 @@ def nvidia_gpu(product: str, driver: str, index: int = 0) -> Device:
             "architecture": architecture,
             "cudaComputeCapability": Semver(major, minor, 0),
             # The driver parses it leniently and publishes the canonical form (570.172.8).
-            "driverVersion": Semver(*(int(part) for part in driver_version.split("."))),
+            "driverVersion": Semver(d_major, d_minor, d_patch),
             "cudaDriverVersion": Semver(cuda_major, cuda_minor, 0),
             "resource.kubernetes.io/pciBusID": f"0000:{index + 0x17:02x}:00.0",
         },
