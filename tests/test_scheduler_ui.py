@@ -238,6 +238,75 @@ def test_one_agent_with_5000_digit_values_breaks_the_page_for_nobody(store: Stor
     assert matrix[h200]["cu128"] == ("first", "runs this")
 
 
+HOST_ROOTS = Path(__file__).parent / "fixtures" / "hostroot"
+DESCRIPTORS = Path(__file__).parents[1] / "examples" / "providers.d"
+
+
+def accelerator_index() -> dict[str, Any]:
+    """An index with a build per accelerator: MI300X (gfx942), Navi 31 (gfx1100), Warboy,
+    CUDA 12.8, and x86-64 v3."""
+    variants = {
+        "rocm64": {"amd": {"gfx_arch": ["gfx942"], "rocm_version": ["6.4"]}},
+        "rocm64navi": {"amd": {"gfx_arch": ["gfx1100"], "rocm_version": ["6.4"]}},
+        "warboy": {"furiosa": {"arch": ["warboy"]}},
+        "cu128": INDEX["variants"]["cu128"],
+        "v3": INDEX["variants"]["v3"],
+    }
+    return {
+        "default-priorities": {"namespace": ["amd", "furiosa", "nvidia", "x86_64"]},
+        "variants": variants,
+        "images": {
+            label: {"tag": f"2.0-{label}", "digest": "sha256:" + f"{i:x}" * 64}
+            for i, label in enumerate(variants, 1)
+        },
+        "bare": None,
+        "invalid": [],
+    }
+
+
+def test_amd_gpus_and_npus_show_with_their_products(
+    store: Store, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Heartbeats as the agent sends them from an MI300X host, an MI210 + Navi 31 host and a
+    Warboy host (sysfs fixtures, the example descriptor) beside an H200 node: each device
+    class is named by its vendor's product, and each runs its own vendor's build."""
+    from docker_variant.agent.node import Agent, AgentSettings
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("DOCKER_VARIANT_PROVIDERS_FILE", raising=False)
+    with SchedulerServer(store) as server:
+        put(server.url, "h200", agent_body(H200_R570, 2))
+        for host in ("mi300x", "mi210-navi31", "warboy"):
+            settings = AgentSettings(
+                server.url, host, host_root=HOST_ROOTS / host, descriptors=DESCRIPTORS
+            )
+            agent = Agent(settings)
+            agent.beat()
+            agent.close()
+        page = httpx.get(f"{server.url}/ui", params={"index": json.dumps(accelerator_index())})
+    assert page.status_code == 200, page.text[:500]
+    cells = parse(page.text)
+    fleet = {row[1].split(" (")[0]: row for row in cells.tables["fleet"][1:]}
+    assert sorted(fleet) == ["furiosa warboy", "gfx1100", "gfx90a", "gfx942", "sm 9.0"]
+    assert "Instinct MI300X" in fleet["gfx942"][1] and fleet["gfx942"][0] == "amd"
+    assert fleet["gfx942"][2] == "ROCm 6.4" and fleet["gfx942"][6] == "8"  # the host's ROCm
+    assert "Instinct MI210" in fleet["gfx90a"][1] and fleet["gfx90a"][6] == "1"
+    assert "Radeon RX 7900 XT" in fleet["gfx1100"][1] and fleet["gfx1100"][2] == "ROCm 7.0"
+    warboy = fleet["furiosa warboy"]
+    assert warboy[0] == "furiosa" and warboy[2] == "driver version 1.9.2" and warboy[6] == "2"
+    runs = {
+        title.split(": ", 1)[1].split(" (")[0]: [v for v, (css, _) in row.items() if css == "first"]
+        for title, row in cells.matrix.items()
+    }
+    assert runs == {
+        "gfx942": ["rocm64"],
+        "gfx1100": ["rocm64navi"],
+        "gfx90a": ["v3"],  # no build for it: the CPU build
+        "furiosa warboy, driver version 1.9.2linux/amd64": ["warboy"],
+        "sm 9.0": ["cu128"],
+    }, runs
+
+
 def write_tokens(path: Path) -> TokenTable:
     path.write_text(
         '[[token]]\nrole = "client"\nname = "ci"\ntoken = "client-token-0123456789"\n'
