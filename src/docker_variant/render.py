@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from docker_variant.oci.imageindex import IndexEntry
 from docker_variant.safetext import safe_text
 from docker_variant.variant import Candidate, Selection, SupportedLists, Variant
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from docker_variant.oci.imageindex import IndexEntry  # the oci package pulls in httpx
     from docker_variant.publish.build import BuildReport
 
 __all__ = [

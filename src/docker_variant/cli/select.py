@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -20,12 +20,10 @@ from docker_variant.cli.options import (
 )
 from docker_variant.cli.output import emit_json, stderr_console, stdout_console
 from docker_variant.errors import InvalidInputError
+from docker_variant.oci.reference import Reference
 from docker_variant.render import selection_json, selection_table
 from docker_variant.safetext import safe_text
 from docker_variant.variant import Candidate, Selection, VariantIndex, select
-
-if TYPE_CHECKING:
-    from docker_variant.oci.reference import Reference  # the oci package pulls in httpx
 
 __all__ = [
     "Target",
