@@ -14,13 +14,59 @@ from typing import Any
 from docker_variant.errors import InvalidInputError, one_line
 from docker_variant.oci.grammar import digest_problem, tag_problem
 from docker_variant.variant.labels import LABEL_KEY, LABEL_PREFIX, read_labels
-from docker_variant.variant.model import Variant, check_namespace
+from docker_variant.variant.model import (
+    SupportedLists,
+    Variant,
+    check_feature,
+    check_namespace,
+    parse_supported_lists,
+)
 from docker_variant.variant.ordering import complete_namespace_order, merge_namespace_orders
 from docker_variant.variant.platform import Platform
 
-__all__ = ["SCHEMA_URL", "ImageRecord", "ImageRef", "InvalidImage", "VariantIndex", "build_index"]
+__all__ = [
+    "SCHEMA_URL",
+    "ImageRecord",
+    "ImageRef",
+    "InvalidImage",
+    "ProviderInfo",
+    "VariantIndex",
+    "build_index",
+]
 
 SCHEMA_URL = "https://variants-schema.wheelnext.dev/peps/825/v0.1.1.json"
+#: What variantlib 0.2.2 writes: PEP 825 as revised (python/peps#5086) moved per-provider
+#: ``feature-order`` and ``static-properties`` under ``providers.<namespace>`` and dropped
+#: ``default-priorities.feature``/``.property``. Documents of either shape are read.
+SCHEMA_URL_V020 = "https://variants-schema.wheelnext.dev/v0.2.0.json"
+_PROVIDER_KEYS = frozenset(
+    {"static-properties", "feature-order", "requires", "optional", "plugin-api", "builtin"}
+)
+
+
+@dataclass(frozen=True)
+class ProviderInfo:
+    """``providers.<namespace>`` of a PEP 825 (v0.2.0) document, the parts selection uses:
+    a static provider's properties (what every host supports, no plugin to run) and their
+    feature order. The other keys (``requires``, ``plugin-api``, ...) are kept as given."""
+
+    static_properties: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    feature_order: tuple[str, ...] = ()
+    other: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = dict(self.other)
+        if self.static_properties:
+            data["static-properties"] = {f: list(v) for f, v in self.static_properties.items()}
+        if self.feature_order:
+            data["feature-order"] = list(self.feature_order)
+        return data
+
+    def static_lists(self) -> dict[str, list[str]]:
+        """The static properties as a namespace's supported lists, in ``feature-order``."""
+        order = [f for f in self.feature_order if f in self.static_properties]
+        order += [f for f in self.static_properties if f not in order]
+        return {f: list(self.static_properties[f]) for f in order}
 
 
 @dataclass(frozen=True)
@@ -77,9 +123,10 @@ class VariantIndex:
     images: dict[str, ImageRef] = field(default_factory=dict)
     bare: ImageRef | None = None
     invalid: list[InvalidImage] = field(default_factory=list)
+    providers: dict[str, ProviderInfo] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "$schema": SCHEMA_URL,
             "default-priorities": {"namespace": list(self.namespace_order)},
             "variants": {label: v.to_json() for label, v in sorted(self.variants.items())},
@@ -87,6 +134,19 @@ class VariantIndex:
             "bare": None if self.bare is None else self.bare.to_json(),
             "invalid": [{"tag": i.tag, "error": i.error} for i in self.invalid],
         }
+        if self.providers:
+            data["providers"] = {ns: p.to_json() for ns, p in sorted(self.providers.items())}
+        return data
+
+    def with_static_properties(self, host: SupportedLists) -> SupportedLists:
+        """``host`` plus the static providers' properties for namespaces it has no lists
+        for: a static provider needs no plugin to run, on any host."""
+        static = {
+            ns: info.static_lists()
+            for ns, info in self.providers.items()
+            if info.static_properties and not host.get(ns)
+        }
+        return {**host, **static} if static else host
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
@@ -134,6 +194,7 @@ class VariantIndex:
             namespace_order=complete_namespace_order(stated, used),
             variants=variants,
             images=images,
+            providers=_providers(data.get("providers"), source),
             bare=None if bare is None else _image_ref(bare, f"{source}: bare"),
             invalid=[
                 InvalidImage(str(i.get("tag", "")), str(i.get("error", "")))
@@ -141,6 +202,36 @@ class VariantIndex:
                 if isinstance(i, dict)
             ],
         )
+
+
+def _providers(raw: object, source: str) -> dict[str, ProviderInfo]:
+    """``providers`` of a v0.2.0 document; absent in v0.1.x ones."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InvalidInputError(f"{source}: 'providers' must be an object of namespace -> info")
+    found: dict[str, ProviderInfo] = {}
+    for namespace, info in raw.items():
+        where = f"{source}: providers.{namespace}"
+        check_namespace(namespace, f"{source}: providers")
+        if not isinstance(info, dict):
+            raise InvalidInputError(f"{where}: must be an object")
+        if unknown := sorted(set(info) - _PROVIDER_KEYS):
+            raise InvalidInputError(f"{where}: unknown key {unknown[0]!r}")
+        static = info.get("static-properties") or {}
+        order = info.get("feature-order") or []
+        if not isinstance(static, dict):
+            raise InvalidInputError(f"{where}.static-properties: must be {{feature: [values]}}")
+        lists = parse_supported_lists({namespace: static}, f"{where}.static-properties")
+        if not isinstance(order, list) or not all(isinstance(f, str) for f in order):
+            raise InvalidInputError(f"{where}.feature-order: must be a list of feature names")
+        for feature in order:
+            check_feature(feature, f"{where}.feature-order")
+        other = {k: v for k, v in info.items() if k not in ("static-properties", "feature-order")}
+        found[namespace] = ProviderInfo(
+            {f: tuple(v) for f, v in lists[namespace].items()}, tuple(order), other
+        )
+    return found
 
 
 def _object(data: Mapping[str, Any], key: str, source: str) -> dict[str, Any]:

@@ -70,9 +70,11 @@ def select(
     devices: Mapping[str, SupportedLists] | None = None,
     every_device: bool = False,
 ) -> Selection:
-    matcher = HostMatcher(host, index.namespace_order)
+    # a static provider's properties hold on every host and device (no plugin to run)
+    matcher = HostMatcher(index.with_static_properties(host), index.namespace_order)
     per_device = {
-        name: HostMatcher(lists, index.namespace_order) for name, lists in (devices or {}).items()
+        name: HostMatcher(index.with_static_properties(lists), index.namespace_order)
+        for name, lists in (devices or {}).items()
     }
     scored: list[tuple[RankKey, Variant]] = []
     rejected: list[Candidate] = []

@@ -1,0 +1,95 @@
+"""Index documents in both PEP 825 shapes: v0.1.x, and v0.2.0 as variantlib 0.2.2 writes it
+(``providers.<ns>.static-properties`` / ``feature-order``); static providers decide
+selection without a plugin."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from variantlib.constants import VARIANT_INFO_SCHEMA_URL
+from variantlib.variants_json import VariantsJson
+
+from docker_variant.errors import InvalidInputError
+from docker_variant.variant import VariantIndex, select
+
+VARIANTS = {
+    "npu": {"furiosa": {"arch": ["renegade"]}},
+    "cu128": {"nvidia": {"cuda_version_lower_bound": ["12.8"]}},
+    "null": {},
+}
+IMAGES = {label: {"tag": f"1.0.0-{label}", "digest": ""} for label in VARIANTS}
+
+
+def v020() -> dict[str, Any]:
+    """A v0.2.0 document, checked by variantlib's own reader and writer."""
+    document = {
+        "$schema": VARIANT_INFO_SCHEMA_URL,
+        "default-priorities": {"namespace": ["furiosa", "nvidia"]},
+        "providers": {
+            "furiosa": {
+                "static-properties": {"arch": ["renegade", "warboy"], "level": ["b", "a"]},
+                "feature-order": ["level", "arch"],
+            },
+            "nvidia": {"requires": ["nvidia-variant-provider"], "plugin-api": "nvidia_vp:P"},
+        },
+        "variants": VARIANTS,
+    }
+    written = json.loads(VariantsJson(document).to_str())  # type: ignore[arg-type]
+    assert written["$schema"] == "https://variants-schema.wheelnext.dev/v0.2.0.json"
+    return {**written, "images": IMAGES}
+
+
+def test_v020_static_properties_decide_without_a_plugin() -> None:
+    index = VariantIndex.from_json(v020(), "v020")
+    assert index.providers["furiosa"].static_lists() == {
+        "level": ["b", "a"],
+        "arch": ["renegade", "warboy"],
+    }
+    best = select(index, {"x86_64": {"level": ["v2", "v1"]}}).best
+    assert best is not None and best.label == "npu"  # furiosa is static: every host has it
+    # a host's own lists for the namespace win over the static ones
+    rejected = select(index, {"furiosa": {"arch": ["warboy"]}})
+    assert "npu" in {c.label for c in rejected.rejected}
+
+
+def test_v020_providers_survive_a_round_trip_and_v01_is_unchanged() -> None:
+    index = VariantIndex.from_json(v020(), "v020")
+    again = VariantIndex.from_json(index.to_json(), "again")
+    assert again.providers == index.providers
+    assert index.to_json()["providers"]["nvidia"] == {
+        "requires": ["nvidia-variant-provider"],
+        "plugin-api": "nvidia_vp:P",
+    }
+    old = {
+        "$schema": "https://variants-schema.wheelnext.dev/peps/825/v0.1.1.json",
+        "default-priorities": {
+            "namespace": ["nvidia"],
+            "feature": {"nvidia": ["cuda_version_lower_bound"]},  # v0.1.x keys, dropped since
+            "property": {"nvidia": {"cuda_version_lower_bound": ["12.8"]}},
+        },
+        "variants": VARIANTS,
+        "images": IMAGES,
+    }
+    index = VariantIndex.from_json(old, "v011")
+    assert index.providers == {}
+    assert "providers" not in index.to_json()
+    assert index.to_json()["$schema"].endswith("/v0.1.1.json")
+
+
+@pytest.mark.parametrize(
+    ("providers", "needle"),
+    [
+        ({"furiosa": {"bogus": 1}}, "unknown key 'bogus'"),
+        ({"furiosa": {"static-properties": {"arch": "renegade"}}}, "non-empty list"),
+        ({"furiosa": {"feature-order": ["Arch"]}}, "feature 'Arch'"),
+        ({"Furiosa": {}}, "namespace 'Furiosa'"),
+        ([], "'providers' must be an object"),
+    ],
+)
+def test_bad_providers_are_refused(providers: object, needle: str) -> None:
+    with pytest.raises(InvalidInputError, match=needle):
+        VariantIndex.from_json(
+            {"variants": VARIANTS, "images": IMAGES, "providers": providers}, "x"
+        )
