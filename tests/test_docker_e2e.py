@@ -303,7 +303,7 @@ def test_the_readme_demo_runs_and_cleans_up() -> None:
         pytest.skip("dockerd is not installed (scripts/setup installs it)")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "NV_VARIANT"))}
     result = subprocess.run(
-        [sys.executable, "-m", "docker_variant.demo"],
+        [sys.executable, str(Path(__file__).resolve().parents[1] / "devtools" / "demo.py")],
         capture_output=True,
         text=True,
         env=env,
