@@ -1,0 +1,119 @@
+"""Fuzz targets: each takes arbitrary bytes and feeds them to one reader of untrusted input.
+
+The property, for every target: the reader returns (findings, a document) or raises the
+package's own error (a ``DockerVariantError``), never anything else, and stays within an
+operation budget counted in code (bytes and reads of the stream it parses, the tar reader's
+own counters). A target raises ``AssertionError`` (the budget) or lets the stray exception
+through: both are crashes to the fuzzer and failures to pytest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import tempfile
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+from crafted import CountingStream
+from docker_variant.contents.elf import read_elf
+from docker_variant.contents.evidence import elf_findings
+from docker_variant.contents.fatbin import read_fatbins
+from docker_variant.contents.offload import read_bundles
+from docker_variant.contents.tarstream import CHUNK, TarLimits
+from docker_variant.contents.walker import merge_layers, scan_layer
+from docker_variant.errors import DockerVariantError
+from docker_variant.jsondoc import load_json
+from docker_variant.oci.reference import parse_reference
+from docker_variant.publish.matrix import parse_matrix
+from docker_variant.variant.index import VariantIndex
+
+Target = Callable[[bytes], None]
+MAX_LEN = 1 << 14  # inputs the runner generates (seeds may be larger)
+_SPOOL = Path(tempfile.gettempdir())
+# a small tar budget, so that a fuzzed size field cannot make one input run for minutes
+_LIMITS = TarLimits(tar_bytes=64 << 20)
+
+
+def _stream_budget(stream: CountingStream, data: bytes) -> None:
+    """A parser of seekable bytes reads each range about once: at most 16 times the input
+    in bytes (entry headers overlap, padding is read in 64-byte steps) and a read per 4
+    bytes."""
+    assert stream.bytes <= 16 * len(data) + (64 << 10), (stream.bytes, len(data))
+    assert stream.reads <= len(data) // 4 + 256, (stream.reads, len(data))
+
+
+def elf(data: bytes) -> None:
+    stream = CountingStream(data)
+    try:
+        parsed = read_elf(stream, len(data))
+        elf_findings(stream, parsed, "/fuzz/lib.so")
+    except DockerVariantError:
+        pass
+    _stream_budget(stream, data)
+
+
+def fatbin(data: bytes) -> None:
+    stream = CountingStream(data)
+    with contextlib.suppress(DockerVariantError):
+        read_fatbins(stream, 0, len(data))
+    _stream_budget(stream, data)
+
+
+def offload(data: bytes) -> None:
+    stream = CountingStream(data)
+    with contextlib.suppress(DockerVariantError):
+        read_bundles(stream, 0, len(data))
+    _stream_budget(stream, data)
+
+
+def _scan(data: bytes) -> None:
+    try:
+        scan = scan_layer(io.BytesIO(data), "fuzz", _SPOOL, limits=_LIMITS)
+    except DockerVariantError:
+        return
+    merge_layers([scan, scan])
+    stats = scan.tar
+    assert stats.copied <= stats.tar_bytes, stats  # each tar byte sliced out once
+    work = 4 * (stats.members + 1) + 4 * (stats.tar_bytes + len(data)) // CHUNK + 64
+    assert stats.steps <= work, (stats, len(data))
+
+
+def tar(data: bytes) -> None:
+    """The layer as given (plain tar, gzip or neither), and the same bytes gzip-compressed,
+    so that the tar parser is fuzzed behind the inflater too."""
+    _scan(data)
+    if data[:2] != b"\x1f\x8b":
+        _scan(zlib.compress(data, 1, wbits=31))
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+def reference(data: bytes) -> None:
+    with contextlib.suppress(DockerVariantError):
+        parse_reference(_text(data))
+
+
+def index(data: bytes) -> None:
+    with contextlib.suppress(DockerVariantError):
+        VariantIndex.from_json(load_json(data, "fuzz index"), "fuzz index")
+
+
+def matrix(data: bytes) -> None:
+    with contextlib.suppress(DockerVariantError):
+        parse_matrix(_text(data), "fuzz matrix")
+
+
+TARGETS: dict[str, Target] = {
+    "elf": elf,
+    "fatbin": fatbin,
+    "offload": offload,
+    "tar": tar,
+    "reference": reference,
+    "index": index,
+    "matrix": matrix,
+}
+CORPUS = Path(__file__).resolve().parent / "corpus"
