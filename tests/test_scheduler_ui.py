@@ -307,6 +307,26 @@ def test_amd_gpus_and_npus_show_with_their_products(
     }, runs
 
 
+def test_a_host_with_gpus_of_two_vendors_names_each_device_by_its_own(store: Store) -> None:
+    """An H200 beside an MI300X on one host: the host's lists name both vendors, each
+    device's lists one; each fleet class and matrix row is named by the device's."""
+    mi300x = {"amd": {"gfx_arch": ["gfx942"], "rocm_version": ["6.4", "6.3"]}}
+    h200 = gpu_lists(H200_R570)
+    body = {
+        "resource_group": "default",
+        "host": {**X86_V4, **h200, **mi300x},
+        "devices": {"nvidia": {"GPU-0": h200}, "amd": {"0000:05:00.0": mi300x}},
+    }
+    with SchedulerServer(store) as server:
+        put(server.url, "mixed", body)
+        page = httpx.get(f"{server.url}/ui", params={"index": json.dumps(accelerator_index())})
+    cells = parse(page.text)
+    products = sorted(row[1].split(" (")[0] for row in cells.tables["fleet"][1:])
+    assert products == ["gfx942", "sm 9.0"]
+    titles = sorted(title.split(" (")[0] for title in cells.matrix)
+    assert titles == ["amd: gfx942", "nvidia: sm 9.0"], titles
+
+
 def write_tokens(path: Path) -> TokenTable:
     path.write_text(
         '[[token]]\nrole = "client"\nname = "ci"\ntoken = "client-token-0123456789"\n'

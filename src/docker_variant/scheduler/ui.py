@@ -271,7 +271,10 @@ def variant_matrix(index: VariantIndex, pool: Pool) -> Matrix:
             pairs = [("(host only)", None, True)]
         for name, profile, free in pairs:
             cls = judge.classify(node.host, profile, platform)
-            said = describe(judge.lists(node.host, profile)).said()
+            # a device is named by its own lists: on a host with GPUs of two vendors, the
+            # host's lists (merged into what is judged) name both
+            own = pool.profiles[profile] if profile is not None else judge.lists(node.host, None)
+            said = describe(own).said()
             title = f"{name}: {', '.join(said)}" if said else name
             counts = grouped.setdefault((cls.key, title), [0, 0])
             counts[0] += 1
