@@ -269,3 +269,14 @@ def test_an_empty_blob_and_an_empty_archive_are_empty_layers() -> None:
         scan = scan_layer(io.BytesIO(data), "empty")
         assert scan.entries == set() and scan.findings == {}
     assert merge_layers([scan_layer(io.BytesIO(b""), "e")]).findings == ()
+
+
+def test_a_checksum_summed_as_signed_bytes_is_accepted() -> None:
+    """Old tars summed the header as signed chars: a byte over 127 counts negative."""
+    block = bytearray(tarfile.TarInfo("placeholder").tobuf(tarfile.USTAR_FORMAT))
+    block[0:100] = b"caf\xe9".ljust(100, b"\0")  # latin-1, not UTF-8
+    block[148:156] = b" " * 8
+    signed = sum(b - 256 if b > 127 else b for b in block)
+    block[148:156] = b"%06o\0 " % signed
+    ((member, _),) = list(open_tar(io.BytesIO(bytes(block) + b"\0" * 1024), "t"))
+    assert member.name == "caf\\xe9"  # not UTF-8: shown escaped, still one distinct name

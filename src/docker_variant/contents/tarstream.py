@@ -161,6 +161,7 @@ class _Gunzip:
         return self._raw.read(CHUNK)
 
     def read(self, size: int) -> bytes:
+        size = min(size, CHUNK) if size > 0 else CHUNK  # 0 would mean no limit to zlib
         while not self._done:
             if self._inflate.eof:
                 rest = self._inflate.unused_data or self._input()
@@ -171,18 +172,19 @@ class _Gunzip:
                 self._pending = rest
                 continue
             data = self._inflate.unconsumed_tail or self._input()
-            if not data:
-                raise ContentsError(
-                    f"{self._what}: corrupt or truncated gzip stream (the data ends before "
-                    "the gzip stream does)"
-                )
             self._stats.steps += 1
             try:
+                # with no input left this still gives what the inflater holds back
                 out = self._inflate.decompress(data, size)
             except zlib.error as exc:
                 raise ContentsError(
                     f"{self._what}: corrupt or truncated gzip stream ({one_line(str(exc))})"
                 ) from None
+            if not out and not data and not self._inflate.eof:
+                raise ContentsError(
+                    f"{self._what}: corrupt or truncated gzip stream (the data ends before "
+                    "the gzip stream does)"
+                )
             if out:
                 return out
         return b""
@@ -481,7 +483,8 @@ class TarStream:
     def _check_sum(self, block: bytes, offset: int) -> None:
         stated = self._number(block[148:156], offset, "checksum")
         unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:])
-        signed = unsigned - 2 * sum(b for b in block[:148] + block[156:] if b > 127)
+        high = sum(1 for b in block[:148] + block[156:] if b > 127)
+        signed = unsigned - 256 * high  # old tars summed the bytes as signed chars
         if stated not in (unsigned, signed):
             raise self._corrupt(offset, "bad checksum")
 
