@@ -280,3 +280,27 @@ def test_a_checksum_summed_as_signed_bytes_is_accepted() -> None:
     block[148:156] = b"%06o\0 " % signed
     ((member, _),) = list(open_tar(io.BytesIO(bytes(block) + b"\0" * 1024), "t"))
     assert member.name == "caf\\xe9"  # not UTF-8: shown escaped, still one distinct name
+
+
+def test_a_full_temp_disk_is_one_line_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import tempfile
+
+    from docker_variant.errors import DockerVariantError
+
+    def full(self: object, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tempfile.SpooledTemporaryFile, "write", full)
+    elf = b"\x7fELF" + b"\0" * 60
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo("usr/lib/libx.so")
+        info.size = len(elf)
+        archive.addfile(info, io.BytesIO(elf))
+    with pytest.raises(DockerVariantError) as caught:
+        scan_layer(io.BytesIO(buffer.getvalue()), "x")
+    assert str(caught.value) == (
+        "cannot copy /usr/lib/libx.so (64 bytes) to a temp file: No space left on device "
+        "(TMPDIR names where it goes)"
+    )

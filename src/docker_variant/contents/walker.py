@@ -46,6 +46,7 @@ from docker_variant.contents.tarstream import (
     TarStats,
     open_layer,
 )
+from docker_variant.errors import DockerVariantError
 
 __all__ = [
     "MAX_ELF",
@@ -219,9 +220,15 @@ def _read_elf_member(
     with tempfile.SpooledTemporaryFile(
         max_size=SPOOL_MEMORY, dir=str(spool_dir) if spool_dir else None
     ) as spool:
-        spool.write(head)
-        while chunk := data.read(CHUNK):
-            spool.write(chunk)
+        try:
+            spool.write(head)
+            while chunk := data.read(CHUNK):
+                spool.write(chunk)
+        except OSError as exc:  # the temp dir's disk is full
+            raise DockerVariantError(
+                f"cannot copy {path} ({size} bytes) to a temp file: "
+                f"{exc.strerror or type(exc).__name__} (TMPDIR names where it goes)"
+            ) from exc
         try:
             elf = read_elf(spool, size)
             return elf_findings(spool, elf, path)
