@@ -328,7 +328,7 @@ def test_the_agent_command_takes_a_host_root_and_descriptors(
 
 def test_providers_file_shapes(tmp_path: Path) -> None:
     lists = tmp_path / "lists.json"
-    # a namespace may be called "host": SPEC 4 lists still, since it holds value lists
+    # a namespace may be called "host": plain supported lists still, since it holds value lists
     lists.write_text(json.dumps({"host": {"kind": ["a"]}, **X86_V3}))
     assert read_agent_providers_file(lists).report.devices == {}
     report = tmp_path / "report.json"
