@@ -21,7 +21,7 @@
    (one ``SELECT 1``) as the floor of a request.
 
 Run: .venv/bin/python bench/bench_scheduler.py [--agents 10000] [--sample 300]
-     [--gang-agents 1000,10000,50000] [--runs 9] [--only gang]
+     [--gang-agents 1000,10000,50000] [--runs 9] [--only gang] [--tiny]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import hashlib
 import importlib.metadata
 import json
 import random
@@ -58,6 +59,7 @@ from docker_variant.scheduler.models import profiles as profile_table
 from docker_variant.scheduler.placement import Judge, Plan, plan
 from docker_variant.scheduler.pool import Pool, build_pool, profile_key
 from docker_variant.variant import Variant, VariantIndex
+from docker_variant.variant.index import ImageRef
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from scheduler_reference import reference_plan  # the former planner
@@ -83,12 +85,15 @@ def make_index() -> VariantIndex:
         ["100_real", "120_real"],
     ]
     variants = {}
+    images = {}
     for cuda in cudas:
         for i, arch in enumerate(arches):
             label = f"cu{cuda.replace('.', '')}_a{i}"
             props = {"nvidia": {"cuda_version_lower_bound": [cuda], "sm_arch": arch}}
             variants[label] = Variant.from_json(label, props)
-    return VariantIndex(["nvidia", "x86_64"], variants)
+            digest = "sha256:" + hashlib.sha256(label.encode()).hexdigest()
+            images[label] = ImageRef(f"1.0-{label}", digest)  # an index names each image
+    return VariantIndex(["nvidia", "x86_64"], variants, images)
 
 
 def make_reports(agents: int, seed: int = 3) -> list[AgentReport]:
@@ -341,7 +346,7 @@ async def http_figures(url: str, agents: int, placements: int) -> None:
 
         beats = await rate(agents, 8, heartbeat)  # new agents: every report changes the pool
         again = await rate(agents, 8, heartbeat)  # the same reports: plain heartbeats
-        floor = await rate(500, 1, health)
+        floor = await rate(max(50, min(500, 4 * placements)), 1, health)
         one = await rate(placements, 1, place)
         many = await rate(placements, 8, place)
         deletes = await rate(len(made), 8, free)
@@ -377,7 +382,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=9, help="timed runs per gang figure (>= 7)")
     parser.add_argument("--no-scan", action="store_true", help="skip the former planner")
     parser.add_argument("--only", choices=["matching", "gang", "serving"], help="one part")
+    parser.add_argument(
+        "--tiny", action="store_true", help="every part at a tiny size, in seconds (CI: it runs)"
+    )
     args: Any = parser.parse_args()
+    if args.tiny:  # the sizes only: every code path of the full run is taken
+        args.agents, args.sample, args.gang_agents = 40, 3, "200,400"
+        args.http_agents, args.placements, args.runs = 8, 16, 7
     if args.runs < 7:
         parser.error("--runs: at least 7")
     if args.only in (None, "matching"):

@@ -7,8 +7,11 @@ the HTTP layer answers 400 with it unchanged.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -219,7 +222,7 @@ class PlacementRequest:
         if self.image is not None:
             document["image"] = self.image
         if self.index is not None:
-            document["index"] = self.index.to_json()
+            document["index"] = _index_document(self.index)
         for key, value in (
             ("resource_group", self.resource_group),
             ("device_name", self.device_name),
@@ -237,6 +240,46 @@ def _count(data: Mapping[str, Any], key: str, minimum: int, maximum: int) -> int
     return value
 
 
+_INDEXES: OrderedDict[str, VariantIndex] = OrderedDict()  # the last documents read
+_DOCUMENTS: dict[int, tuple[VariantIndex, dict[str, Any]]] = {}  # theirs, by id: to_json()
+_KEPT_INDEXES = 32
+_INDEXES_LOCK = threading.Lock()
+
+
+def _index_document(index: VariantIndex) -> dict[str, Any]:
+    """``index.to_json()``, worked out once for the indexes ``_index`` keeps."""
+    kept = _DOCUMENTS.get(id(index))
+    if kept is not None and kept[0] is index:
+        return kept[1]
+    return index.to_json()
+
+
+def _index(data: object) -> VariantIndex:
+    """The index document ``data``, read once per distinct document: clients place the same
+    index again and again, and one ``VariantIndex`` per document lets the planner keep its
+    judge (``placement.JudgeCache``). Only valid documents are kept."""
+    key = json.dumps(data, separators=(",", ":"), sort_keys=True)
+    with _INDEXES_LOCK:
+        found = _INDEXES.get(key)
+        if found is not None:
+            _INDEXES.move_to_end(key)
+            return found
+    index = VariantIndex.from_json(data, "index")
+    if not index.variants and index.bare is None:
+        invalid = f" ({len(index.invalid)} invalid images)" if index.invalid else ""
+        raise InvalidInputError(f"index: no variant and no bare image to place{invalid}")
+    document = index.to_json()
+    with _INDEXES_LOCK:
+        if (raced := _INDEXES.get(key)) is not None:  # read meanwhile by another thread
+            _DOCUMENTS.pop(id(raced), None)
+        _INDEXES[key] = index
+        _DOCUMENTS[id(index)] = (index, document)
+        while len(_INDEXES) > _KEPT_INDEXES:
+            _, dropped = _INDEXES.popitem(last=False)
+            _DOCUMENTS.pop(id(dropped), None)
+    return index
+
+
 def parse_placement_request(data: object) -> PlacementRequest:
     request = _object(data, "a placement request")
     known = {"image", "index", "nodes", "devices_per_node", "resource_group", "device_name"}
@@ -251,10 +294,7 @@ def parse_placement_request(data: object) -> PlacementRequest:
         raise InvalidInputError(f"image must be a reference such as reg/app:1.0, got {image!r}")
     index = None
     if "index" in request:
-        index = VariantIndex.from_json(request["index"], "index")
-        if not index.variants and index.bare is None:
-            invalid = f" ({len(index.invalid)} invalid images)" if index.invalid else ""
-            raise InvalidInputError(f"index: no variant and no bare image to place{invalid}")
+        index = _index(request["index"])
     if "nodes" not in request:
         raise InvalidInputError("nodes is required (an integer >= 1)")
     if "devices_per_node" not in request:

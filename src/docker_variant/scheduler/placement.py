@@ -36,8 +36,11 @@ nodes could take it and why the others cannot.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain, islice, repeat
@@ -63,6 +66,7 @@ __all__ = [
     "BARE",
     "DeviceClass",
     "Judge",
+    "JudgeCache",
     "NodeAllocation",
     "Plan",
     "Refusal",
@@ -129,6 +133,11 @@ class Judge:
         self._by_key: dict[str, DeviceClass] = {}
         self._implied: dict[ProfileKey, str | None] = {}
 
+    @functools.cached_property
+    def reference(self) -> list[Candidate]:
+        """The candidates ranked on the virtual host (the tie rule of the module docstring)."""
+        return select(self.index, virtual_host(self.index)).ranked
+
     def lists(self, host: ProfileKey, device: ProfileKey | None) -> SupportedLists:
         """The lists a device is judged on: the host's, its own namespaces replacing them."""
         merged = dict(self.profiles[host])
@@ -179,6 +188,30 @@ class Judge:
     def classes(self) -> Mapping[str, DeviceClass]:
         """Every class met so far, by key."""
         return self._by_key
+
+
+class JudgeCache:
+    """Judges kept for the indexes planned most recently, so that repeated placements of
+    one index (``documents`` hands out one ``VariantIndex`` per distinct document) compile
+    each device class once, not once per request. Classes are keyed by content and profiles
+    are content-addressed, so a kept judge never goes stale; the cache only bounds memory."""
+
+    def __init__(self, size: int = 32) -> None:
+        self.size = size
+        self._judges: OrderedDict[tuple[int, int], Judge] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def judge(self, index: VariantIndex, profiles: Mapping[ProfileKey, SupportedLists]) -> Judge:
+        key = (id(index), id(profiles))  # the judge holds both: the ids stay theirs
+        with self._lock:
+            found = self._judges.get(key)
+            if found is not None and found.index is index and found.profiles is profiles:
+                self._judges.move_to_end(key)
+                return found
+            found = self._judges[key] = Judge(index, profiles)
+            while len(self._judges) > self.size:
+                self._judges.popitem(last=False)
+            return found
 
 
 # --------------------------------------------------------------------------- kinds
@@ -333,15 +366,18 @@ def plan(
     device_name: str | None = None,
     shares: int | None = None,
     only: str | None = None,
+    judge: Judge | None = None,
 ) -> Plan | Refusal:
     """The placement the rule in this module's docstring picks, or why there is none.
 
     ``shares``: of each device, in millionths (``documents.SHARE``); None: whole devices.
     ``only``: the one candidate (label, or ``BARE``) that may be chosen (a replacement
-    keeping its gang's variant)."""
-    judge = Judge(index, pool.profiles)
+    keeping its gang's variant). ``judge``: one kept from earlier plans of the same index
+    on the same profiles (``JudgeCache``), whose compiled classes are reused."""
+    if judge is None or judge.index is not index or judge.profiles is not pool.profiles:
+        judge = Judge(index, pool.profiles)
     kinds = _kinds(pool, judge, devices_per_node, device_name, shares)
-    reference = select(index, virtual_host(index)).ranked
+    reference = judge.reference
     if only is not None:
         reference = [c for c in reference if candidate_key(c) == only]
     search = _Search(pool, judge, kinds, reference, nodes, devices_per_node, device_name, shares)

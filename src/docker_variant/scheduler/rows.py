@@ -185,19 +185,28 @@ def versions(conn: Connection) -> tuple[int, int]:
     return int(pool_v), int(allocation_v)
 
 
-def _bump(conn: Connection, table: Any) -> int:
-    conn.execute(table.update().where(table.c.id == 1).values(version=table.c.version + 1))
-    return int(conn.execute(select(table.c.version).where(table.c.id == 1)).scalar_one())
+_BUMP_POOL = (
+    pool_version.update()
+    .where(pool_version.c.id == 1)
+    .values(version=pool_version.c.version + 1)
+    .returning(pool_version.c.version)
+)
+_BUMP_ALLOCATIONS = (
+    allocation_version.update()
+    .where(allocation_version.c.id == 1)
+    .values(version=allocation_version.c.version + 1)
+    .returning(allocation_version.c.version)
+)
 
 
 def bump_pool(conn: Connection) -> int:
     """The pool's agents or devices changed: other processes re-read them on their next plan."""
-    return _bump(conn, pool_version)
+    return int(conn.execute(_BUMP_POOL).scalar_one())
 
 
 def bump_allocations(conn: Connection) -> int:
     """Devices were taken or freed: other processes re-read the allocations."""
-    return _bump(conn, allocation_version)
+    return int(conn.execute(_BUMP_ALLOCATIONS).scalar_one())
 
 
 # --------------------------------------------------------------------------- agents
@@ -445,19 +454,22 @@ def delete_agent(conn: Connection, agent_id: str) -> tuple[list[str], list[Chang
 # --------------------------------------------------------------------------- allocations
 
 
+_LOCK_AGENTS = (
+    select(agents.c.agent_id, agents.c.host_profile)
+    .where(agents.c.agent_id.in_(bindparam("ids", expanding=True)))
+    .order_by(agents.c.agent_id)
+    .with_for_update(read=True)
+)
+_AGENTS_DEVICES = select(devices).where(devices.c.agent_id.in_(bindparam("ids", expanding=True)))
+
+
 def check_plan(conn: Connection, chosen: Plan) -> None:
     """The planned agents still have the host lists, and the devices the lists, capacity and
     health, planned (else ``Stale``). On PostgreSQL the agents' rows are share-locked, so no
     report can change them before this transaction ends (SQLite: BEGIN IMMEDIATE already
     excludes every writer)."""
     agent_ids = sorted({a.agent_id for a in chosen.allocations})
-    locked = (
-        select(agents.c.agent_id, agents.c.host_profile)
-        .where(agents.c.agent_id.in_(agent_ids))
-        .order_by(agents.c.agent_id)
-        .with_for_update(read=True)
-    )
-    hosts = {row.agent_id: row.host_profile for row in conn.execute(locked)}
+    hosts = dict(conn.execute(_LOCK_AGENTS, {"ids": agent_ids}).all())
     if hosts != {a.agent_id: a.host for a in chosen.allocations}:
         raise Stale()
     planned = {
@@ -466,13 +478,39 @@ def check_plan(conn: Connection, chosen: Plan) -> None:
         for d in a.devices
     }
     if planned:
-        rows = conn.execute(select(devices).where(devices.c.agent_id.in_(agent_ids))).all()
         present = {
-            (r.agent_id, r.device_name, r.device_id): (r.profile, r.capacity, bool(r.healthy))
-            for r in rows
+            (agent, name, device_id): (profile, capacity, bool(healthy))
+            for agent, name, device_id, profile, capacity, healthy in conn.execute(
+                _AGENTS_DEVICES, {"ids": agent_ids}
+            )
         }
         if any(present.get(key) != state for key, state in planned.items()):
             raise Stale()
+
+
+# Whole devices' usage in one statement from the allocation rows just written (a gang may
+# take thousands of devices). RETURNING: psycopg reports no row count for INSERT ... SELECT.
+_TAKE_WHOLE = (
+    insert(device_usage)
+    .from_select(
+        ["agent_id", "device_name", "device_id", "used", "capacity", "whole"],
+        select(
+            allocations.c.agent_id,
+            allocations.c.device_name,
+            allocations.c.device_id,
+            devices.c.capacity.label("used"),
+            devices.c.capacity,
+            true().label("whole"),
+        )
+        .join_from(allocations, devices, _same_device(allocations, devices))
+        .where(
+            allocations.c.placement_id == bindparam("p"),
+            allocations.c.agent_id.in_(bindparam("ids", expanding=True)),
+        )
+        .order_by(allocations.c.agent_id, allocations.c.device_name, allocations.c.device_id),
+    )
+    .returning(device_usage.c.device_id)
+)
 
 
 def take(conn: Connection, placement_id: str, plan_: Plan) -> list[Change]:
@@ -507,27 +545,8 @@ def take(conn: Connection, placement_id: str, plan_: Plan) -> list[Change]:
         ],
     )
     if shares is None:  # the primary key refuses a device anything else uses
-        # one statement from the rows just written (a gang may take thousands of devices)
-        taken = (
-            select(
-                allocations.c.agent_id,
-                allocations.c.device_name,
-                allocations.c.device_id,
-                devices.c.capacity.label("used"),
-                devices.c.capacity,
-                true().label("whole"),
-            )
-            .join_from(allocations, devices, _same_device(allocations, devices))
-            .where(
-                allocations.c.placement_id == placement_id,
-                allocations.c.agent_id.in_(sorted({a.agent_id for a in plan_.allocations})),
-            )
-            .order_by(allocations.c.agent_id, allocations.c.device_name, allocations.c.device_id)
-        )
-        columns = ["agent_id", "device_name", "device_id", "used", "capacity", "whole"]
-        # (RETURNING: psycopg reports no row count for INSERT ... SELECT)
-        filled = insert(device_usage).from_select(columns, taken)
-        inserted = conn.execute(filled.returning(device_usage.c.device_id)).all()
+        agent_ids = sorted({a.agent_id for a in plan_.allocations})
+        inserted = conn.execute(_TAKE_WHOLE, {"p": placement_id, "ids": agent_ids}).all()
         if len(inserted) != len(keyed):  # a planned device is gone (``check_plan`` saw it not)
             raise Stale()
     else:  # the check refuses the sum past the capacity, and any share of a whole device
@@ -643,18 +662,20 @@ def placement_owners(conn: Connection, ids: Sequence[str]) -> dict[str, str | No
     return owners
 
 
+_INSERT_PLACEMENT = insert(placements)
+
+
 def insert_placement(
     conn: Connection, document: Mapping[str, Any], request: str | None, now: float
 ) -> None:
-    conn.execute(
-        insert(placements).values(
-            id=document["id"],
-            created_at=now,
-            document=json.dumps(document),
-            state="active",
-            request=request,
-        )
-    )
+    row = {
+        "id": document["id"],
+        "created_at": now,
+        "document": json.dumps(document),
+        "state": "active",
+        "request": request,
+    }
+    conn.execute(_INSERT_PLACEMENT, row)
 
 
 def placement(conn: Connection, placement_id: str) -> dict[str, Any] | None:

@@ -35,7 +35,14 @@ from docker_variant.scheduler.documents import (
     PlacementRequest,
     parse_placement_request,
 )
-from docker_variant.scheduler.placement import BARE, NodeAllocation, Plan, Refusal, plan
+from docker_variant.scheduler.placement import (
+    BARE,
+    JudgeCache,
+    NodeAllocation,
+    Plan,
+    Refusal,
+    plan,
+)
 from docker_variant.scheduler.pool import Pool, pool_shares
 from docker_variant.scheduler.poolcache import PoolCache, apply_changes
 from docker_variant.scheduler.rows import STATES, Change, Rows, Stale, iso, lost_race
@@ -82,6 +89,7 @@ class Store:
         # devices and then lose the race to each other. Other processes (replicas sharing
         # the database) still race; the database settles it and the loser plans again.
         self._placing = threading.Lock()
+        self._judges = JudgeCache()
 
     @classmethod
     def open(cls, url: str, **kwargs: Any) -> Store:
@@ -220,6 +228,7 @@ class Store:
                         request.devices_per_node,
                         device_name=request.device_name,
                         shares=request.shares,
+                        judge=self._judges.judge(index, self.cache.profiles),
                     )
                 if isinstance(outcome, Refusal):
                     return outcome
