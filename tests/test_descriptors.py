@@ -163,3 +163,41 @@ def test_an_enabled_plugin_replaces_the_descriptor(
     assert "furiosa" not in report.devices
     assert report.sources["furiosa"].startswith("plugin furiosa")
     assert "replaces descriptor" in report.sources["furiosa"]
+
+
+def test_the_cli_options_before_or_after_the_command(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, **env_for(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    for name in ("DOCKER_VARIANT_PROVIDERS_FILE", "DOCKER_VARIANT_HOST_ROOT"):
+        env.pop(name, None)
+    root, described = str(HOSTS / "warboy"), str(EXAMPLES)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "docker_variant", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+
+    before = run(
+        "--host-root", root, "--descriptors", described, "providers", "--devices", "--json"
+    )
+    after = run("providers", "--devices", "--json", "--host-root", root, "--descriptors", described)
+    assert before.returncode == after.returncode == 0, before.stderr + after.stderr
+    assert json.loads(before.stdout) == json.loads(after.stdout)
+    data = json.loads(before.stdout)
+    assert data["host"]["furiosa"] == WARBOY and len(data["devices"]["furiosa"]) == 2
+    assert data["sources"]["furiosa"].startswith("descriptor ")
+    table = run("--host-root", root, "--descriptors", described, "providers")
+    assert "furiosa answered by descriptor" in table.stdout
+    bad = tmp_path / "bad"
+    write(bad, "x.toml", 'namespace = "x86_64"\n')
+    done = run("--descriptors", str(bad), "providers")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"{bad / 'x.toml'}: namespace:" in done.stderr

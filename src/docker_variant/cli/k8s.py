@@ -9,7 +9,9 @@ from typing import Annotated
 import typer
 
 from docker_variant.cli.options import (
+    DescriptorsOpt,
     EnableOpt,
+    HostRootOpt,
     IndexOpt,
     JsonOpt,
     ProvidersFileOpt,
@@ -116,11 +118,13 @@ def k8s_node_labels(
     json_: JsonOpt = False,
     providers_file: ProvidersFileOpt = None,
     enable: EnableOpt = None,
+    host_root: HostRootOpt = None,
+    descriptors: DescriptorsOpt = None,
 ) -> None:
     """Print this host's supported properties as node labels (key=value lines; --json)."""
     from docker_variant.k8s.labels import node_labels
 
-    opts = command_options(ctx, json_, providers_file, enable)
+    opts = command_options(ctx, json_, providers_file, enable, host_root, descriptors)
     result = node_labels(opts.host().host)
     if result.skipped:
         warn(
@@ -151,6 +155,8 @@ def k8s_containerd_hosts(
     json_: JsonOpt = False,
     providers_file: ProvidersFileOpt = None,
     enable: EnableOpt = None,
+    host_root: HostRootOpt = None,
+    descriptors: DescriptorsOpt = None,
 ) -> None:
     """Print a containerd hosts.toml that sends this node's X-Variant-Properties."""
     from docker_variant.k8s.containerd import (
@@ -164,7 +170,7 @@ def k8s_containerd_hosts(
         write_hosts_toml,
     )
 
-    opts = command_options(ctx, json_, providers_file, enable)
+    opts = command_options(ctx, json_, providers_file, enable, host_root, descriptors)
     check_registry(registry)
     url = check_server(server) if server is not None else default_server(registry)
     host = opts.host().host

@@ -113,6 +113,8 @@ def command_options(
     json_: bool = False,
     providers_file: Path | None = None,
     enable: list[str] | None = None,
+    host_root: Path | None = None,
+    descriptors: Path | None = None,
 ) -> Options:
     """The global options given before the command, merged with those given after it."""
     base: Options = ctx.obj if isinstance(ctx.obj, Options) else Options()
@@ -120,6 +122,6 @@ def command_options(
         json=json_ or base.json,
         providers_file=providers_file or base.providers_file,
         enable_provider=[*base.enable_provider, *(enable or [])],
-        host_root=base.host_root,
-        descriptors=base.descriptors,
+        host_root=host_root or base.host_root,
+        descriptors=descriptors or base.descriptors,
     )

@@ -6,7 +6,14 @@ from typing import Annotated
 
 import typer
 
-from docker_variant.cli.options import EnableOpt, JsonOpt, ProvidersFileOpt, command_options
+from docker_variant.cli.options import (
+    DescriptorsOpt,
+    EnableOpt,
+    HostRootOpt,
+    JsonOpt,
+    ProvidersFileOpt,
+    command_options,
+)
 from docker_variant.cli.output import emit_json, stdout_console
 from docker_variant.render import host_table
 from docker_variant.safetext import safe_text
@@ -23,14 +30,18 @@ def providers(
     json_: JsonOpt = False,
     providers_file: ProvidersFileOpt = None,
     enable: EnableOpt = None,
+    host_root: HostRootOpt = None,
+    descriptors: DescriptorsOpt = None,
 ) -> None:
     """Print what this host supports (docs: reference/host-properties)."""
-    opts = command_options(ctx, json_, providers_file, enable)
+    opts = command_options(ctx, json_, providers_file, enable, host_root, descriptors)
     report = opts.host(refresh)
     if opts.json:
         emit_json(report.to_json() if devices else report.host)
         return
     stdout_console().print(host_table(report.host))
+    for namespace, answered_by in report.sources.items():
+        stdout_console().print(safe_text(f"{namespace} answered by {answered_by}", markup=True))
     if devices:
         for kind, by_id in report.devices.items():
             for device_id, lists in by_id.items():

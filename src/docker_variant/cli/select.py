@@ -9,8 +9,10 @@ from typing import Annotated
 import typer
 
 from docker_variant.cli.options import (
+    DescriptorsOpt,
     EnableOpt,
     GpusOpt,
+    HostRootOpt,
     IndexOpt,
     JsonOpt,
     Options,
@@ -120,9 +122,11 @@ def ls_(
     json_: JsonOpt = False,
     providers_file: ProvidersFileOpt = None,
     enable: EnableOpt = None,
+    host_root: HostRootOpt = None,
+    descriptors: DescriptorsOpt = None,
 ) -> None:
     """List every variant: compatible or not (with the reason), rank and tag."""
-    opts = command_options(ctx, json_, providers_file, enable)
+    opts = command_options(ctx, json_, providers_file, enable, host_root, descriptors)
     target = target_of(ref, index)
     selection = select_for_host(opts, target, platform, gpus)
     if opts.json:
@@ -146,9 +150,11 @@ def resolve(
     json_: JsonOpt = False,
     providers_file: ProvidersFileOpt = None,
     enable: EnableOpt = None,
+    host_root: HostRootOpt = None,
+    descriptors: DescriptorsOpt = None,
 ) -> None:
     """Print the reference of the best variant for this host."""
-    opts = command_options(ctx, json_, providers_file, enable)
+    opts = command_options(ctx, json_, providers_file, enable, host_root, descriptors)
     target = target_of(ref, index)
     selection = select_for_host(opts, target, platform, gpus)
     best = selection.best
@@ -187,12 +193,14 @@ def pull(
     json_: JsonOpt = False,
     providers_file: ProvidersFileOpt = None,
     enable: EnableOpt = None,
+    host_root: HostRootOpt = None,
+    descriptors: DescriptorsOpt = None,
 ) -> None:
     """Pull the best variant of REF for this host and tag it as REF and as its own tag."""
     from docker_variant.docker import Engine, LayerProgress, pull_candidate
     from docker_variant.oci.reference import parse_reference
 
-    opts = command_options(ctx, json_, providers_file, enable)
+    opts = command_options(ctx, json_, providers_file, enable, host_root, descriptors)
     reference = parse_reference(ref)
     if reference.tag is None or reference.digest is not None:
         raise InvalidInputError(f"{ref}: pull needs registry/name:version (a tag, no digest)")
