@@ -80,7 +80,7 @@ def degraded_count(api: httpx.Client) -> int:
         for x in text.splitlines()
         if x.startswith('variant_scheduler_placements{state="degraded"}')
     )
-    return int(line.split()[-1])
+    return int(float(line.split()[-1]))
 
 
 # --------------------------------------------------------------------------- validation

@@ -128,6 +128,22 @@ def test_clients_see_and_delete_only_their_own_placements(secured: httpx.Client)
     assert secured.delete(f"/v1/placements/{pid}", headers=bearer("alice")).status_code == 204
 
 
+def test_an_agents_view_names_only_the_callers_own_placements(secured: httpx.Client) -> None:
+    secured.put("/v1/agents/h200-0", json=agent_body(H200_R570, 8), headers=bearer("agent0"))
+    alice, bob = (_place(secured, who).json()["id"] for who in ("alice", "bob"))
+
+    def shown(who: str) -> list[str]:
+        answer = secured.get("/v1/agents/h200-0", headers=bearer(who))
+        assert answer.status_code == 200, answer.text
+        placements: list[str] = answer.json()["placements"]
+        return placements
+
+    assert shown("alice") == [alice]
+    assert shown("bob") == [bob]
+    assert shown("agent0") == []  # an agent makes no placement: it sees none
+    assert shown("ops") == sorted([alice, bob])  # an admin sees every one
+
+
 def test_only_an_admin_drains_and_deregisters_an_agent(secured: httpx.Client) -> None:
     secured.put("/v1/agents/h200-0", json=agent_body(H200_R570, 8), headers=bearer("agent0"))
     placed = _place(secured, "alice").json()
