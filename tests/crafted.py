@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import io
 import struct
+import tarfile
+import zlib
+from pathlib import Path
 
 from docker_variant.contents.offload import BUNDLE_MAGIC
 
 FATBIN_MAGIC = 0xBA55ED50
 EM_X86_64 = 62
 SHT_PROGBITS, SHT_STRTAB = 1, 3
+ZEROS_MEMBER = 1 << 30
 
 
 def fatbin(entries: list[tuple[int, int]], payload: int = 16) -> bytes:
@@ -89,3 +93,32 @@ class CountingStream(io.BytesIO):
         self.reads += 1
         self.bytes += len(data)
         return data
+
+
+def gzip_of_zeros(path: Path, size: int = ZEROS_MEMBER) -> Path:
+    """A one-member layer, ``data/zeros`` of ``size`` zero bytes, as ONE gzip stream of about
+    ``size / 1000`` bytes: deflate blocks ended by a full flush repeat byte for byte, so the
+    stream is written without compressing ``size`` bytes."""
+    info = tarfile.TarInfo("data/zeros")
+    info.size = size
+    header = info.tobuf()
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -15)
+    mib = b"\0" * (1 << 20)
+    first = deflate.compress(header) + deflate.flush(zlib.Z_FULL_FLUSH)
+    block = deflate.compress(mib) + deflate.flush(zlib.Z_FULL_FLUSH)
+    again = deflate.compress(mib) + deflate.flush(zlib.Z_FULL_FLUSH)
+    assert block == again  # what makes the repetition valid deflate
+    end = b"\0" * 1024
+    crc = zlib.crc32(header)
+    for _ in range(size >> 20):
+        crc = zlib.crc32(mib, crc)
+    crc = zlib.crc32(end, crc)
+    total = len(header) + size + len(end)
+    with path.open("wb") as out:
+        out.write(b"\x1f\x8b\x08\x00\0\0\0\0\x00\x03")  # gzip header, no name, Unix
+        out.write(first)
+        for _ in range(size >> 20):
+            out.write(block)
+        out.write(deflate.compress(end) + deflate.flush())
+        out.write(struct.pack("<II", crc, total & 0xFFFFFFFF))
+    return path

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import devstack
+from crafted import gzip_of_zeros
 from imaging import OCI_MANIFEST, push_blob, push_manifest, raw_manifest
 from realbinaries import (
     CURAND_CUBINS,
@@ -335,3 +337,43 @@ def test_build_push_checks_every_image_before_the_first_push(stack: Stack) -> No
     assert "/usr/local/bin/avx2 needs" in refused.stderr
     tags = stack.run("curl", "-s", f"{stack.url}/v2/contents/matrix/tags/list", check=True)
     assert "1.0.0-v3" not in tags.stdout  # refused before the first push
+
+
+PEAK_RSS_CLI = """
+import atexit, sys
+from pathlib import Path
+
+def peak() -> None:
+    status = Path("/proc/self/status").read_text().splitlines()
+    sys.stderr.write(next(line for line in status if line.startswith("VmHWM:")) + "\\n")
+
+atexit.register(peak)
+from docker_variant.entry import main
+main(sys.argv[1:])
+"""
+
+
+def _inspect_with_peak_rss(stack: Stack, ref: str) -> tuple[subprocess.CompletedProcess[str], int]:
+    """``docker-variant inspect --json REF`` in a child process, with its peak RSS (KiB)."""
+    done = stack.run(sys.executable, "-c", PEAK_RSS_CLI, "inspect", "--json", ref)
+    *lines, peak = done.stderr.splitlines()
+    done.stderr = "".join(f"{line}\n" for line in lines)
+    return done, int(peak.split()[1])
+
+
+def test_a_gzip_bomb_layer_streams_through_inspect_in_bounded_memory(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """1 MB of gzip holding 1 GiB of zeros (the issue saw 3.1 GB of RSS and no end): the
+    whole CLI reads it from the registry with a bounded peak RSS; the same layer cut in half
+    is one line, exit 2."""
+    bomb = gzip_of_zeros(tmp_path / "bomb.tar.gz").read_bytes()
+    done, peak_kib = _inspect_with_peak_rss(stack, _push_raw_layer(stack, "contents/bomb", bomb))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["findings"] == []
+    assert peak_kib < 128 << 10, f"peak RSS {peak_kib >> 10} MiB"  # 39 MiB here
+    half = _push_raw_layer(stack, "contents/half", bomb[: len(bomb) // 2])
+    cut = stack.run("docker-variant", "inspect", half)
+    assert cut.returncode == 2, cut.stderr
+    assert "corrupt or truncated gzip stream" in cut.stderr
+    assert cut.stderr.count("\n") == 1 and "Traceback" not in cut.stderr
