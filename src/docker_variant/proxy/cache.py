@@ -29,7 +29,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -174,6 +174,7 @@ return generation
 """
 _PROBE_INTERVAL = 0.1  # seconds between looks for Redis while it is down
 _REDIS_CONNECTIONS = 32
+_CLOSE_WAIT = 1.0  # seconds that closing waits for the store's own tasks and connections
 _MAX_GENERATION_DIGITS = 19  # an int64 counter; anything longer in Redis is not ours
 
 
@@ -200,19 +201,24 @@ class RedisIndexStore:
         self.url = url
         # A bounded pool that makes callers wait for a connection: hundreds of concurrent
         # requests must not open hundreds of connections (nor fail with "too many").
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=_REDIS_CONNECTIONS,
-            timeout=1.0,
-            socket_timeout=1.0,
-            socket_connect_timeout=1.0,
-        )
+        try:
+            pool = aioredis.BlockingConnectionPool.from_url(
+                url,
+                max_connections=_REDIS_CONNECTIONS,
+                timeout=1.0,
+                socket_timeout=1.0,
+                socket_connect_timeout=1.0,
+            )
+            pool.connection_class(**pool.connection_kwargs)  # a bad option fails here, not later
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"--cache {self._safe_url()}: {exc}") from exc
         self._redis = client or aioredis.Redis(connection_pool=pool)
         self._local = LocalIndexStore(ttl)
         self._listeners: list[Listener] = []
         self._down = False
         self._unannounced: set[str] = set()  # invalidated while Redis was away
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
         self._put = self._redis.register_script(_PUT_IF_CURRENT)
         self._advance = self._redis.register_script(_ADVANCE)
 
@@ -242,7 +248,10 @@ class RedisIndexStore:
         self._down = True
         self._spawn(self._heal())
 
-    def _spawn(self, work: Awaitable[None]) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        if self._closed:
+            work.close()
+            return
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -419,13 +428,17 @@ class RedisIndexStore:
                 await asyncio.sleep(_PROBE_INTERVAL)
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+                    await asyncio.wait_for(pubsub.aclose(), _CLOSE_WAIT)
 
     async def close(self) -> None:
+        self._closed = True
         for task in list(self._tasks):
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._redis.aclose()
+        if self._tasks:
+            # bounded: redis-py can sit on a cancelled connection attempt to a refusing server
+            await asyncio.wait(list(self._tasks), timeout=_CLOSE_WAIT)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._redis.aclose(), _CLOSE_WAIT)
 
 
 def open_store(url: str | None, ttl: float) -> IndexStore:
