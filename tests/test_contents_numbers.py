@@ -61,3 +61,11 @@ def test_bounded_numbers_beside_the_huge_ones_still_count() -> None:
     assert [f.version for f in contents.of_kind(ROCM_VERSION)] == [(6, 4, 1)]
     env = env_finding(["CUDA_VERSION=12.9.1"])
     assert env is not None and env.version == (12, 9, 1)
+
+
+def test_a_deeply_nested_version_json_is_ignored() -> None:
+    deep = b'{"cuda": ' * 50_000 + b"1" + b"}" * 50_000  # 650 KB: over the 64 KiB read
+    nested = b"[" * 30_000 + b"]" * 30_000  # 60 KB: read, refused by the depth bound
+    for content in (deep, nested):
+        layer = _layer({"usr/local/cuda/version.json": content})
+        assert merge_layers([scan_layer(io.BytesIO(layer), "deep")]).of_kind(CUDA_RUNTIME) == []

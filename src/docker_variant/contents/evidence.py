@@ -8,7 +8,6 @@ versions, glibc-hwcaps directories). Nothing here touches tar streams or registr
 from __future__ import annotations
 
 import itertools
-import json
 import re
 from dataclasses import dataclass, replace
 from typing import IO, Any
@@ -16,6 +15,8 @@ from typing import IO, Any
 from docker_variant.contents.elf import EM_AARCH64, EM_X86_64, ElfFile, gnu_properties
 from docker_variant.contents.fatbin import FatbinError, read_fatbins
 from docker_variant.contents.offload import read_bundles
+from docker_variant.errors import InvalidInputError
+from docker_variant.jsondoc import load_json
 from docker_variant.numbers import DIGITS
 
 __all__ = [
@@ -219,10 +220,10 @@ def small_file_finding(path: str, content: bytes) -> Finding | None:
     if match := _CUDA_VERSION_FILE.fullmatch(path):
         if match[1] == "json":
             try:
-                data = json.loads(text)
+                data = load_json(content, f"{path} (version.json)")
                 stated = data["cuda"]["version"]
-            except (ValueError, KeyError, TypeError, RecursionError):
-                return None
+            except (InvalidInputError, KeyError, TypeError):
+                return None  # not the toolkit's document: it says no version
             if not isinstance(stated, str) or (version := _version(stated)) is None:
                 return None
             return Finding(CUDA_RUNTIME, path, "version.json", stated, version=version)
