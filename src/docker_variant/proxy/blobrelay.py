@@ -7,15 +7,9 @@ kernel's socket buffers; per blob the proxy holds one 1 MiB pipe (or buffer), ne
 The thread ``splice``s the bytes through a pipe, so they never enter the process; where the
 kernel cannot splice, it copies through one reused 1 MiB buffer (``recv_into``/``send``).
 
-Measured here, 256 MiB blob, one registry, the designs side by side taking turns (curl,
-median of 7 to 9; issue 8; the machine shared with other work, load 4 to 5 on 2 cores):
-uvicorn's ASGI body path 0.52-0.56 of direct at 210-250 ms of proxy CPU per blob; the
-thread with a reused buffer 0.64-0.72 at 120-140 ms; the thread splicing 0.72-0.85 at 80-90
-ms. (A prototype on a quieter machine had put the buffer ahead of splice; measured side by
-side here, splice won most runs.) A 4 MiB buffer or a 256 KiB pipe measured no better.
-A bare TCP relay without HTTP, in the same turns, measured the same as this one (0.67-0.80
-against 0.67-0.84): what is left to the registry's direct figure is the second loopback hop
-itself, on two shared cores.
+Bytes are relayed exactly as the upstream sent them (``Content-Length`` of them, no more),
+and the designs are interchangeable (``RELAY_MODES``; their speeds are in
+``bench/bench_proxy.py``).
 
 Everything else (small bodies, chunked ones, TLS on either side) is streamed through ASGI
 messages as they arrive, with the upstream connection closed at once if the caller hangs up.

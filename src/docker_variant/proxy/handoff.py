@@ -1,10 +1,9 @@
 """A client connection's socket, lent to a thread for one response body (uvicorn, plain HTTP).
 
 uvicorn hands an ASGI app's body to the event loop one message at a time, and reads 256,000
-bytes at a time into a fresh bytes object; for a 256 MiB blob that is some 14,700 page
-faults and a Python round trip per chunk, which kept the proxy at 0.51-0.87 of the
-registry's own throughput (issue 8). The protocol class here is uvicorn's own httptools
-protocol plus one ASGI scope extension, ``EXTENSION``: after sending ``http.response.start``
+bytes at a time into a fresh bytes object: a page fault and a Python round trip per chunk
+(what that costs a blob is in ``bench/bench_proxy.py``). The protocol class here is
+uvicorn's own httptools protocol plus one ASGI scope extension, ``EXTENSION``: after sending ``http.response.start``
 as usual (so the access log, ``Connection`` handling and keep-alive stay uvicorn's), an app
 may ``borrow()`` a blocking duplicate of the connection's socket, write the body from a
 thread, and ``give_back()`` the socket with the count written. A complete body is then
@@ -14,6 +13,10 @@ body, as when a streamed body breaks off).
 
 Only plain-HTTP connections get the extension: under TLS the bytes must go through the
 transport's SSL layer, so apps fall back to ASGI messages there.
+
+This leans on uvicorn's private protocol (``HttpToolsProtocol`` and its request cycle):
+pyproject.toml bounds uvicorn to the releases that ``tests/test_proxy_handoff.py`` checks
+``PRIVATE_NAMES`` on.
 
 The protocol also holds a response head back until the body's first write, the response's
 end, or the end of the event loop's turn: uvicorn writes head and body separately, so a small answer (a
@@ -29,9 +32,27 @@ from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-__all__ = ["EXTENSION", "HandoffHttpToolsProtocol", "SocketHandoff", "socket_handoff"]
+__all__ = [
+    "EXTENSION",
+    "PRIVATE_NAMES",
+    "HandoffHttpToolsProtocol",
+    "SocketHandoff",
+    "socket_handoff",
+]
 
 EXTENSION = "docker_variant.socket_handoff"
+# What this module uses of uvicorn's private protocol, by class: attributes and methods.
+PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
+    "HttpToolsProtocol": (
+        "on_headers_complete", "on_response_complete", "cycle", "scope", "scheme",
+        "transport", "loop", "flow",
+    ),
+    "RequestResponseCycle": (
+        "scope", "transport", "response_started", "response_complete", "disconnected",
+        "keep_alive", "expected_content_length",
+    ),
+    "FlowControl": ("pause_reading",),
+}  # fmt: skip
 _JOIN_MAX = 64 << 10  # a held head is joined to a first body write up to this size
 
 

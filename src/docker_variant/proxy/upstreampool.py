@@ -1,12 +1,10 @@
 """Body-less requests (GET, HEAD) to the upstream over kept-alive raw HTTP/1.1 connections.
 
-Why not httpx here (issue 8): measured on this machine, the proxy spent 1.8 ms of CPU on a
-manifest GET through httpx and 0.8 ms this way (same run, machine shared with other work;
-0.42-0.52 ms when quieter), against the registry's own 0.7-1 ms answer. httpx/httpcore/h11
-cost per-request work, plus a failed ``import sniffio`` (about 43 us, five times a request)
-in httpcore's lock set-up, as sniffio is not installed with anyio 4. Here a request head is written as bytes, the answer's
-head is parsed by httptools (uvicorn's C parser), and the connection goes back to an idle
-pool once its body has been read to the end. Requests with a body (uploads) still use httpx.
+A request head is written as bytes, the answer's head is parsed by httptools (uvicorn's C
+parser), and the connection goes back to an idle pool only once its body has been read to
+the end; one that closes before a byte of the answer came (a stale keep-alive) is retried once
+on a fresh connection. Requests with a body (uploads) go through httpx instead. (Why not httpx
+here as well: its per-request cost, measured in ``bench/bench_proxy.py``.)
 
 A ``Content-Length`` body is handed over in the chunks it arrives in, uncopied; a chunked or
 unframed one is decoded by the parser. ``Answer.detach`` gives a large body's socket to a

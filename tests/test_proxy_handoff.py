@@ -1,0 +1,88 @@
+"""proxy/handoff.py leans on uvicorn's private HTTP protocol: the uvicorn releases it supports
+are bounded in pyproject.toml, the installed one is inside that range, and every private name
+the module uses exists on a live connection of it."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from packaging.requirements import Requirement
+from packaging.version import Version
+from uvicorn.protocols.http import flow_control, httptools_impl
+
+from docker_variant.proxy.handoff import PRIVATE_NAMES, HandoffHttpToolsProtocol, socket_handoff
+from proxyrunner import eventually
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+# The releases handoff.py was checked on; pyproject.toml must say the same.
+SUPPORTED_UVICORN = ">=0.30,<0.56"
+
+
+def _requirement(name: str) -> Requirement:
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    (found,) = [Requirement(r) for r in project["dependencies"] if Requirement(r).name == name]
+    return found
+
+
+def test_uvicorn_is_bounded_to_the_supported_range_and_the_installed_one_is_in_it() -> None:
+    required = _requirement("uvicorn")
+    assert str(required.specifier) == str(Requirement(f"uvicorn{SUPPORTED_UVICORN}").specifier)
+    assert any(spec.operator == "<" for spec in required.specifier), "no upper bound"
+    installed = Version(version("uvicorn"))
+    assert required.specifier.contains(installed), f"uvicorn {installed} is not {required}"
+
+
+def test_the_private_classes_handoff_uses_exist() -> None:
+    assert issubclass(HandoffHttpToolsProtocol, httptools_impl.HttpToolsProtocol)
+    assert isinstance(httptools_impl.RequestResponseCycle, type)
+    assert isinstance(flow_control.FlowControl, type)
+    for name in ("on_headers_complete", "on_response_complete"):
+        assert callable(getattr(httptools_impl.HttpToolsProtocol, name))
+    assert callable(flow_control.FlowControl.pause_reading)
+
+
+def test_every_private_name_exists_on_a_live_connection() -> None:
+    """A request through uvicorn with handoff's protocol: the objects its ``SocketHandoff``
+    holds have every attribute that handoff.py reads or writes."""
+    missing: dict[str, list[str]] = {}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        handoff = socket_handoff(scope)
+        assert handoff is not None
+        objects = {
+            "HttpToolsProtocol": handoff._protocol,
+            "RequestResponseCycle": handoff._cycle,
+            "FlowControl": handoff._protocol.flow,
+        }
+        for cls, names in PRIVATE_NAMES.items():
+            absent = [n for n in names if not hasattr(objects[cls], n)]
+            if absent:
+                missing[cls] = absent
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, http=HandoffHttpToolsProtocol, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        eventually(lambda: server.started or not thread.is_alive(), 15.0, "uvicorn started")
+        answer = httpx.get(f"http://127.0.0.1:{port}/")
+        assert answer.status_code == 200 and answer.text == "ok"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        sock.close()
+    assert missing == {}
