@@ -24,7 +24,7 @@ from docker_variant.oci import (
     load_credentials,
 )
 from docker_variant.oci.auth import parse_challenge
-from docker_variant.oci.client import OCI_MANIFEST
+from docker_variant.oci.mediatypes import OCI_MANIFEST
 from fakeupstream import FakeUpstream, Reply, Seen
 from imaging import ImageBuilder, raw_manifest, sha256_digest
 

@@ -22,7 +22,7 @@ from docker_variant.oci import (
     RegistryError,
     UpstreamUnavailableError,
 )
-from docker_variant.oci.client import MANIFEST_ACCEPT, OCI_INDEX, OCI_MANIFEST
+from docker_variant.oci.mediatypes import MANIFEST_ACCEPT, OCI_INDEX, OCI_MANIFEST
 from fakeupstream import FakeUpstream, Reply, Seen
 from imaging import ImageBuilder, push_index, raw_manifest, sha256_digest
 

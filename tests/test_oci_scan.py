@@ -22,7 +22,7 @@ from docker_variant.oci import (
     scan_index,
     scan_index_sync,
 )
-from docker_variant.oci.client import OCI_MANIFEST
+from docker_variant.oci.mediatypes import OCI_MANIFEST
 from docker_variant.oci.reference import parse_reference
 from docker_variant.oci.source import refresh_proxy_index
 from docker_variant.variant import ImageRecord, VariantIndex, build_index

@@ -3,8 +3,10 @@
 Routes are matched on the *raw* (still percent-encoded) path, from the right, because a
 repository name may itself contain ``/`` and even words like ``manifests``. Every part
 that ends up in an upstream URL (name, reference, digest, upload id) is checked against
-the distribution grammar, so an upstream URL is only ever built from validated parts and
-can never leave the upstream's ``/v2/`` API (no ``..``, no encoded ``.`` or ``/``).
+the distribution grammar (``oci.grammar``, the one home of its rules), so an upstream URL is
+only ever built from validated parts and can never leave the upstream's ``/v2/`` API (no
+``..``, no encoded ``.`` or ``/``). A path longer than any route is refused on its length
+before any pattern looks at it.
 """
 
 from __future__ import annotations
