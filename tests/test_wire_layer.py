@@ -97,6 +97,15 @@ def test_every_error_body_reader_is_the_registry_s() -> None:
 # --------------------------------------------------------------------------- jsondoc
 
 
+def test_every_json_document_goes_through_jsondoc() -> None:
+    found = [
+        str(path.relative_to(SRC))
+        for path in SRC.rglob("*.py")
+        if path.name != "jsondoc.py" and "json.loads(" in path.read_text("utf-8")
+    ]
+    assert found == []
+
+
 def test_documents_over_their_bound_are_refused_before_parsing() -> None:
     with pytest.raises(InvalidInputError, match="larger than the 10 bytes"):
         load_json(b"[" + b"1," * 10 + b"1]", "doc", max_bytes=10)

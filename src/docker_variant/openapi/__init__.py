@@ -9,6 +9,7 @@ from importlib.resources import files
 from typing import Literal
 
 from docker_variant import __version__
+from docker_variant.jsondoc import load_json
 
 __all__ = ["Server", "document"]
 
@@ -18,6 +19,7 @@ Server = Literal["scheduler", "proxy"]
 @functools.cache
 def document(server: Server) -> bytes:
     """``server``'s document as JSON bytes, its ``info.version`` this package's version."""
-    loaded = json.loads(files(__package__).joinpath(f"{server}.json").read_text("utf-8"))
+    source = files(__package__).joinpath(f"{server}.json")
+    loaded = load_json(source.read_bytes(), f"OpenAPI document {server}.json", max_depth=64)
     loaded["info"]["version"] = __version__
     return json.dumps(loaded, separators=(",", ":")).encode()
