@@ -21,7 +21,8 @@ host's GPUs, e.g. ``gfx942``) and ``rocm_version`` (``major.minor``, newest firs
   device ID), ``productName`` and ``driverVersion`` but no gfx target: ``DEVICES`` maps PCI
   device IDs to targets. Source: ``pci.ids`` (Debian package ``pci.ids`` 2023-04-11,
   ``/usr/share/misc/pci.ids``) for the parts it has; parts newer than that file (MI300 and
-  MI350 series, Navi 32, Navi 48) from AMD's published IDs, marked ``pci.ids`` = False.
+  MI350 series, Navi 32, Navi 48, PRO W7900) from later PCI ID listings, marked
+  ``pci_ids=False``: a missing or wrong ID only makes a claim miss that product.
 """
 
 from __future__ import annotations
