@@ -20,14 +20,22 @@ _START_TIMEOUT_S = 15.0
 _POLL_S = 0.01
 
 
-def eventually(check: Callable[[], bool], seconds: float, what: str) -> None:
-    """Poll ``check`` until it holds; fail naming ``what`` once ``seconds`` have passed
-    (a deadline on an outside event, not a measured duration)."""
+def settles(check: Callable[[], bool], seconds: float) -> bool:
+    """Whether ``check`` holds within ``seconds``, polled (for events a test cannot be told
+    about: another process's state); looks first, so a condition already true costs nothing."""
     deadline = time.monotonic() + seconds
     while not check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"not seen within {seconds} s: {what}")
+            return False
         time.sleep(_POLL_S)
+    return True
+
+
+def eventually(check: Callable[[], bool], seconds: float, what: str) -> None:
+    """``settles``, or fail naming ``what`` (a deadline on an outside event, not a measured
+    duration)."""
+    if not settles(check, seconds):
+        raise AssertionError(f"not seen within {seconds} s: {what}")
 
 
 class ProxyServer:

@@ -5,13 +5,15 @@ descriptors, upstream connections, memory) can be read from /proc/PID."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import os
 import re
 import socket
 import ssl
+import struct
+import termios
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,6 +23,7 @@ import pytest
 import devstack
 from conftest import RunningRegistry
 from imaging import OCI_MANIFEST, push_blob, push_manifest, raw_manifest
+from proxyrunner import settles
 
 pytestmark = pytest.mark.e2e
 
@@ -106,12 +109,15 @@ def _upstream_ports(pid: int, port: int) -> set[int]:
 
 def _settles(check: Callable[[], bool]) -> bool:
     """Whether ``check`` comes true within SETTLE_S (a condition, not a timing)."""
-    deadline = time.monotonic() + SETTLE_S
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+    return settles(check, SETTLE_S)
+
+
+_SLOW_READER_FULL = 32 << 10  # bytes in a 64 KiB receive buffer that count as full
+
+
+def _queued(sock: socket.socket) -> int:
+    """Bytes waiting in the socket's receive queue."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
 
 
 def _relayed_bytes(proxy: devstack.Service, mode: str | None = None) -> float:
@@ -149,8 +155,9 @@ class RawClient:
         headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
         return int(status_line.split()[1]), headers
 
-    def body(self, length: int, pause: Callable[[], None] | None = None) -> str:
-        """Reads ``length`` bytes; returns their sha256 digest."""
+    def body(self, length: int, pause: Callable[[int], None] | None = None) -> str:
+        """Reads ``length`` bytes; returns their sha256 digest. ``pause(left)`` is called
+        after each read, with the number of bytes still to come."""
         hasher = hashlib.sha256()
         left = length
         while left:
@@ -160,7 +167,7 @@ class RawClient:
             hasher.update(data)
             left -= len(data)
             if pause is not None:
-                pause()
+                pause(left)
         return "sha256:" + hasher.hexdigest()
 
     def close(self) -> None:
@@ -324,12 +331,15 @@ def test_slow_reader_gets_back_pressure_not_buffering(
     peak = rss_before
     reads = 0
 
-    def pause() -> None:
+    def pause(left: int) -> None:
         nonlocal peak, reads
         reads += 1
         if reads % 16 == 0:
             peak = max(peak, _rss_kib(pid))
-        time.sleep(0.0005)
+        # a slow reader: it reads again only once the kernel's receive buffer is full, so
+        # the proxy is held back at every read
+        wanted = min(left, _SLOW_READER_FULL)
+        assert settles(lambda: _queued(client.sock) >= wanted, SETTLE_S), "the proxy stalled"
 
     client = RawClient(proxy.address, rcvbuf=64 << 10)
     try:

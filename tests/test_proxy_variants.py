@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -24,7 +25,7 @@ from imaging import (
     sha256_digest,
     variant_labels,
 )
-from proxyrunner import ProxyServer
+from proxyrunner import ProxyServer, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -311,12 +312,15 @@ def test_bounded_staleness(registry: RunningRegistry, image_builder: ImageBuilde
     image_builder.build_and_push(
         f"{registry.host}/{repo}:1-a", variant_labels("a", x86_64__level="v1")
     )
-    with ProxyServer(registry.url, cache_ttl=0.5) as proxy:
+    with ProxyServer(registry.url, cache_ttl=300) as proxy:
+        skew = [0.0]  # the cache's clock, moved on by the test instead of waiting
+        proxy.app.state.cache.clock = lambda: time.monotonic() + skew[0]
         assert _labels_of(proxy, repo, "1") == {"a"}
         image_builder.build_and_push(
             f"{registry.host}/{repo}:1-b", variant_labels("b", x86_64__level="v2")
         )
-        time.sleep(0.6)
+        assert _labels_of(proxy, repo, "1") == {"a"}  # stale, within its TTL
+        skew[0] = 301.0
         assert _labels_of(proxy, repo, "1") == {"a", "b"}
     with ProxyServer(registry.url, cache_ttl=0) as proxy:  # no cache at all
         assert _labels_of(proxy, repo, "1") == {"a", "b"}
@@ -465,17 +469,22 @@ def test_slow_upstream_is_504(fake_proxy: tuple[FakeUpstream, ProxyServer]) -> N
     fake, proxy = fake_proxy
     _serve_good(fake)
 
+    release, answered = threading.Event(), threading.Event()
+
     def slow(_seen: Seen) -> Reply:
-        time.sleep(3)
+        release.wait(30)  # an upstream that says nothing until the test is done
+        answered.set()
         return Reply(200, b'{"name": "g/app", "tags": []}')
 
     fake.routes["/v2/g/app/tags/list"] = slow
-    started = time.monotonic()
-    answer = httpx.get(f"{proxy.url}/v2/g/app/_variants/1.0", timeout=10)
+    try:
+        answer = httpx.get(f"{proxy.url}/v2/g/app/_variants/1.0", timeout=10)
+        assert not answered.is_set()  # the proxy's own deadline answered
+    finally:
+        release.set()
     assert answer.status_code == 504
     error = answer.json()["errors"][0]
     assert "timed out" in error["message"]
-    assert time.monotonic() - started < 2.5
     _serve_good(fake)
     assert httpx.get(f"{proxy.url}/v2/g/app/_variants/1.0").status_code == 200
 
@@ -513,7 +522,10 @@ def test_concurrent_misses_share_one_scan_and_its_failure(
     _serve_good(fake)
 
     def slow_garbage(_seen: Seen) -> Reply:
-        time.sleep(0.5)
+        # answers once all 20 callers are in the proxy (each missed the cache)
+        eventually(
+            lambda: proxy.sample("variant_proxy_cache_misses_total") >= 20, 30.0, "20 callers"
+        )
         return Reply(200, b'{"name": "g/app", "ta')
 
     fake.routes["/v2/g/app/tags/list"] = slow_garbage
@@ -536,9 +548,12 @@ def test_a_refused_owner_does_not_refuse_its_waiters(
     listing = json.dumps({"name": "g/app", "tags": ["1.0-cu128"]}).encode()
 
     def gate(seen: Seen) -> Reply:
-        time.sleep(0.4)
         if seen.headers.get("authorization") == "Bearer good":
             return Reply(200, listing)
+        # the anonymous owner's refusal comes once the good caller has joined its scan
+        eventually(
+            lambda: proxy.sample("variant_proxy_cache_misses_total") >= 2, 30.0, "the joiner"
+        )
         return Reply(401, b'{"errors":[{"code":"UNAUTHORIZED"}]}', {"WWW-Authenticate": "Basic"})
 
     fake.routes["/v2/g/app/tags/list"] = gate
@@ -546,7 +561,9 @@ def test_a_refused_owner_does_not_refuse_its_waiters(
     async def both() -> tuple[httpx.Response, httpx.Response]:
         async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as client:
             anonymous = asyncio.ensure_future(client.get("/v2/g/app/_variants/1.0"))
-            await asyncio.sleep(0.15)  # joins the anonymous caller's scan
+            while proxy.sample("variant_proxy_scans_total") < 1:  # the owner's scan is on
+                assert not anonymous.done(), anonymous
+                await asyncio.sleep(0.01)
             good = await client.get(
                 "/v2/g/app/_variants/1.0", headers={"Authorization": "Bearer good"}
             )
