@@ -11,7 +11,8 @@ scheduler's views) asks the namespace's module, never a table of its own:
 - any other namespace (a descriptor's, a third-party plugin's) gets ``generic_rules``: its
   features are taken as declared, values order naturally, nothing maps to DRA.
 
-``for_namespace(ns)`` is the one lookup. Adding a vendor is adding one module here.
+``for_namespace(ns)`` is the one lookup; ``describe(ns, lists)`` says what a device's lists
+mean in products (for tables and ``/ui``). Adding a vendor is adding one module here.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "ValueRule",
     "amd",
     "cpu",
+    "describe",
     "for_namespace",
     "generic_rules",
     "is_builtin",
@@ -70,3 +72,14 @@ def for_namespace(namespace: str) -> NamespaceRules:
 def newest_first(namespace: str, feature: str, values: list[str] | tuple[str, ...]) -> list[str]:
     """``values`` most preferred first, as the namespace's provider orders them."""
     return for_namespace(namespace).newest_first(feature, values)
+
+
+def describe(namespace: str, lists: dict[str, list[str]]) -> str | None:
+    """A device's lists in a vendor's words (``sm 9.0 (H100, H200, GH200)``, ``gfx942
+    (Instinct MI300A, ...)``); for other namespaces the first value of each feature."""
+    if namespace == nvidia.NAMESPACE:
+        return nvidia.describe(lists)
+    if namespace == amd.NAMESPACE:
+        return amd.describe(lists)
+    firsts = [f"{feature} {values[0]}" for feature, values in lists.items() if values]
+    return ", ".join(firsts) or None

@@ -45,10 +45,13 @@ __all__ = [
     "ROCM_SUPPORT",
     "RULES",
     "AmdDevice",
+    "describe",
     "device_ids",
+    "device_product",
     "device_runs",
     "driver_release",
     "gfx_name",
+    "gfx_of",
     "gfx_value",
     "newest_first",
     "product_name",
@@ -210,9 +213,14 @@ def device_ids(gfx: str) -> list[int]:
 
 
 def product_name(gfx: str) -> str | None:
-    """The products of a gfx target (``gfx942`` -> ``Instinct MI300A, Instinct MI300X, ...``)."""
+    """The products of a gfx target (``gfx942`` -> ``Instinct MI300A, MI300X, ...``)."""
     products = list(dict.fromkeys(d.product for d in DEVICES if d.gfx == gfx))
-    return ", ".join(products) or None
+    if not products:
+        return None
+    first = products[0].split(" ", 1)[0]  # "Instinct MI300A, MI300X, ...": the family once
+    if len(products) > 1 and all(p.startswith(first + " ") for p in products):
+        return first + " " + ", ".join(p[len(first) + 1 :] for p in products)
+    return ", ".join(products)
 
 
 def device_product(device_id: int) -> str | None:
@@ -225,6 +233,15 @@ def gfx_of(lists: dict[str, list[str]]) -> str | None:
     """The first gfx target an ``amd`` list names (a device's own target)."""
     targets = lists.get("gfx_arch", [])
     return targets[0] if targets else None
+
+
+def describe(lists: dict[str, list[str]]) -> str | None:
+    """What a device's ``amd`` lists say of it: ``gfx942 (Instinct MI300A, MI300X, ...)``."""
+    gfx = gfx_of(lists)
+    if gfx is None:
+        return None
+    known = product_name(gfx)
+    return gfx + (f" ({known})" if known else "")
 
 
 # --------------------------------------------------------------------------- DRA

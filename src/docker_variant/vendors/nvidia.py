@@ -43,6 +43,7 @@ __all__ = [
     "cuda_lower_bounds",
     "cuda_upper_bounds",
     "cuda_value",
+    "describe",
     "device_runs",
     "dra_clause",
     "dra_clauses",
@@ -227,6 +228,15 @@ def capability_of(lists: dict[str, list[str]]) -> Arch | None:
         if sm is not None and sm[2]:
             return sm[0], sm[1]
     return None
+
+
+def describe(lists: dict[str, list[str]]) -> str | None:
+    """What a device's ``nvidia`` lists say of it: ``sm 9.0 (H100, H200, GH200)``."""
+    cc = capability_of(lists)
+    if cc is None:
+        return None
+    known = product_name(cc)
+    return f"sm {cc[0]}.{cc[1]}" + (f" ({known})" if known else "")
 
 
 # --------------------------------------------------------------------------- DRA
