@@ -131,3 +131,29 @@ def test_the_cli_refuses_a_lying_registry_with_exit_3(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert OTHER_IMAGE in lines[0] and digest in lines[0]
+
+
+def test_a_config_digest_outside_the_grammar_is_never_put_in_a_url(
+    fake_upstream: FakeUpstream,
+) -> None:
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"digest": "sha256:../../../v2/other/blobs/x", "size": 1},
+            "layers": [],
+        }
+    ).encode()
+    fake_upstream.serve_image("app", "1.0", CONFIG, manifest=manifest)
+    with pytest.raises(BadUpstreamResponseError, match=r"config digest .* is not sha256"):
+        _call(fake_upstream, lambda c: c.image_labels("app", "1.0"))
+    assert [r.path for r in fake_upstream.requests] == ["/v2/app/manifests/1.0"]
+
+
+def test_a_layer_digest_outside_the_grammar_is_not_fetched(fake_upstream: FakeUpstream) -> None:
+    async def stream(client: RegistryClient) -> list[bytes]:
+        return [chunk async for chunk in client.stream_blob("app", "sha256:../x")]
+
+    with pytest.raises(InvalidInputError, match="only sha256 digests"):
+        _call(fake_upstream, stream)
+    assert fake_upstream.requests == []

@@ -1,24 +1,25 @@
-"""An async client for the read side of the OCI distribution API.
+"""Clients for the read side of the OCI distribution API: ``RegistryClient`` on asyncio,
+``SyncRegistryClient`` in the calling thread, with one copy of the reads and their checks.
 
 Only what a variant scan needs: tags, manifests (resolving an index to this host's
-platform) and config blobs. Every failure becomes a ``RegistryError`` subclass with a
-one-line message naming what was fetched and from where; no httpx or json exception
-escapes.
+platform) and config blobs; on asyncio also blobs and manifest pushes. Every failure
+becomes a ``RegistryError`` subclass with a one-line message naming what was fetched and
+from where; no httpx or json exception escapes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import email.utils
 import hashlib
 import os
 import ssl
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Generator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -35,8 +36,8 @@ from docker_variant.oci.errors import (
     RegistryError,
     UpstreamUnavailableError,
 )
-from docker_variant.oci.grammar import is_digest
-from docker_variant.oci.http import async_client, tls_with
+from docker_variant.oci.grammar import digest_problem, is_digest
+from docker_variant.oci.http import async_client, sync_client, tls_with
 from docker_variant.oci.imageindex import stated_platform
 from docker_variant.oci.mediatypes import (
     GENERIC_TYPES,
@@ -59,6 +60,7 @@ __all__ = [
     "Manifest",
     "Platform",
     "RegistryClient",
+    "SyncRegistryClient",
     "config_labels",
     "host_platform",
     "retry_after",
@@ -117,73 +119,61 @@ def config_labels(config: Mapping[str, Any], where: str) -> dict[str, str]:
     return labels
 
 
-class RegistryClient:
-    """The distribution API of one registry (or a proxy in front of it).
+@dataclass(frozen=True)
+class _Get:
+    """One GET a read needs, its body capped at ``limit`` bytes."""
 
-    ``headers`` go out on every request: the proxy passes a caller's ``Authorization``
-    this way, so the upstream decides what that caller may read. At most
-    ``max_concurrency`` requests are in flight at once.
+    url: str
+    what: str
+    limit: int
+    headers: Mapping[str, str] | None = None
+    params: Mapping[str, str] | None = None
+
+
+_Answer = tuple[httpx.Response, bytes]
+_T = TypeVar("_T")
+#: A read: yields each GET it needs, is sent its answer (or has its error thrown in).
+_Read = Generator[_Get, _Answer, _T]
+
+
+class _RegistryReads:
+    """The read side of the distribution API, written once for both clients.
+
+    Each read is a generator that yields the GETs it needs and checks what comes back;
+    ``RegistryClient`` runs it on asyncio (concurrent scans, the proxy), and
+    ``SyncRegistryClient`` in the calling thread (a command's few requests in a row). A
+    429 is retried after its ``Retry-After`` while the client's wait budget lasts (public
+    registries limit pulls); then, or when the registry asks for a longer wait, it fails
+    naming the limit.
     """
 
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        auth: httpx.Auth | None = None,
-        headers: Mapping[str, str] | None = None,
-        timeout: float | httpx.Timeout = 30.0,
-        max_concurrency: int = 8,
-        platform: Platform | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-        rate_limit_wait: float = DEFAULT_RATE_LIMIT_WAIT,
-        tls: ssl.SSLContext | None = None,
-    ) -> None:
-        if max_concurrency < 1:
-            raise InvalidInputError(f"max_concurrency must be at least 1, got {max_concurrency}")
+    def __init__(self, base_url: str, platform: Platform | None, rate_limit_wait: float) -> None:
         self.base_url = base_url.rstrip("/")
         self.platform = platform or host_platform()
         self.rate_limit_wait = rate_limit_wait
         self._wait_budget = rate_limit_wait
-        self._semaphore = asyncio.Semaphore(max_concurrency)
-        self._http = async_client(
-            base_url=self.base_url,
-            auth=auth,
-            headers=headers,
-            timeout=timeout,
-            follow_redirects=True,  # blobs may live behind a redirect (S3, CDN)
-            limits=httpx.Limits(max_connections=max_concurrency),
-            transport=transport,
-            tls=tls,
-        )
 
-    @classmethod
-    def for_registry(
-        cls, registry: str, *, config_path: Path | None = None, **kwargs: Any
-    ) -> RegistryClient:
-        """A client for ``registry`` (``host[:port]``) with Docker's stored credentials and
-        the CAs Docker keeps for it (``certs.d``)."""
-        auth = RegistryAuth.from_docker_config(registry, config_path)
-        cas = registry_ca_files(registry)
-        if cas:
-            kwargs.setdefault("tls", tls_with(tuple(str(p) for p in cas)))
-        return cls(registry_base_url(registry, tls=bool(cas)), auth=auth, **kwargs)
+    def _rate_limit_delay(self, exc: UpstreamUnavailableError, attempt: int) -> float:
+        """Seconds to wait before retrying after ``exc``; raises when it is no 429 or the
+        wait is over the budget or the retries are used up."""
+        if exc.status != 429:
+            raise exc
+        delay = retry_after(exc.headers.get("retry-after"))
+        if attempt == _RATE_LIMIT_RETRIES or delay > self._wait_budget:
+            raise RateLimitedError(
+                f"{exc}; rate limited: the registry asks to wait "
+                f"{_seconds(delay)} and docker-variant waits at most "
+                f"{_seconds(self.rate_limit_wait)} in all"
+                + ("" if attempt == 0 else f" (gave up after {attempt} retries)"),
+                status=429,
+                code=exc.code,
+                headers=exc.headers,
+                url=exc.url,
+            ) from exc
+        self._wait_budget -= delay
+        return delay
 
-    async def __aenter__(self) -> RegistryClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-    async def list_tags(self, repository: str, *, page_size: int | None = None) -> list[str]:
-        """Every tag, following ``Link: <...>; rel="next"`` pages."""
+    def _list_tags(self, repository: str, page_size: int | None) -> _Read[list[str]]:
         check_repository(repository)
         what = f"tag list of {repository}"
         url = f"{self.base_url}/v2/{repository}/tags/list"
@@ -191,7 +181,7 @@ class RegistryClient:
         tags: dict[str, None] = {}  # ordered set: pages may overlap while tags are pushed
         seen: set[str] = set()
         while True:
-            response, body = await self._get(url, what, _TAGS_LIMIT, params=params)
+            response, body = yield _Get(url, what, _TAGS_LIMIT, params=params)
             page = _json_object(body, what, response).get("tags")
             if page is None:
                 page = []
@@ -208,16 +198,14 @@ class RegistryClient:
                 raise _bad(f"{what}: next page {url} was already read (pagination loop)", response)
             seen.add(url)
 
-    async def get_manifest(
-        self, repository: str, reference: str, *, platform: Platform | None = None
-    ) -> Manifest:
-        """The manifest of a tag or digest; an index resolves to ``platform``'s manifest
-        (default: this host's), else the index's first linux one."""
-        top = await self.fetch_manifest(repository, reference)  # checks both names
+    def _get_manifest(
+        self, repository: str, reference: str, platform: Platform | None
+    ) -> _Read[Manifest]:
+        top = yield from self._fetch_manifest(repository, reference)  # checks both names
         if not top.is_index:
             return top
         digest = _pick_platform(top, platform or self.platform, _name(repository, reference))
-        child = await self.fetch_manifest(repository, digest)
+        child = yield from self._fetch_manifest(repository, digest)
         if child.is_index:
             raise BadUpstreamResponseError(
                 f"manifest {_name(repository, digest)}: an index inside the index of "
@@ -225,68 +213,35 @@ class RegistryClient:
             )
         return replace(child, index_digest=top.digest)
 
-    async def get_config(self, repository: str, manifest: Manifest) -> dict[str, Any]:
-        """The image config blob named by ``manifest``, checked to be a JSON object."""
+    def _get_config(self, repository: str, manifest: Manifest) -> _Read[dict[str, Any]]:
         check_repository(repository)
         digest = manifest.config_digest
         what = f"config blob {digest} of {repository}"
-        response, body = await self._get(
-            f"{self.base_url}/v2/{repository}/blobs/{digest}", what, _CONFIG_LIMIT
-        )
+        url = f"{self.base_url}/v2/{repository}/blobs/{digest}"
+        response, body = yield _Get(url, what, _CONFIG_LIMIT)
         _check_digest(body, digest, what, response)
         return _json_object(body, what, response)
 
-    async def get_labels(self, repository: str, manifest: Manifest) -> dict[str, str]:
-        """``config.Labels`` of the image config that ``manifest`` names."""
-        config = await self.get_config(repository, manifest)
+    def _get_labels(self, repository: str, manifest: Manifest) -> _Read[dict[str, str]]:
+        config = yield from self._get_config(repository, manifest)
         url = f"{self.base_url}/v2/{repository}/blobs/{manifest.config_digest}"
         return config_labels(config, f"config blob {url}")
 
-    async def stream_blob(
-        self, repository: str, digest: str, *, chunk_size: int = 1 << 20
-    ) -> AsyncIterator[bytes]:
-        """A blob's bytes as they arrive (a layer of gigabytes is never held), checked
-        against ``digest`` once the last chunk is in: a mismatch raises after it."""
-        check_repository(repository)
-        if not digest.startswith("sha256:"):
-            raise InvalidInputError(f"blob {digest!r} of {repository}: only sha256 digests")
-        what = f"blob {digest} of {repository}"
-        url = f"{self.base_url}/v2/{repository}/blobs/{digest}"
-        hasher = hashlib.sha256()
-        async with self._semaphore:
-            try:
-                async with self._http.stream("GET", url) as response:
-                    if not response.is_success:
-                        body = await _read(response, ERROR_BODY_LIMIT, what, truncate=True)
-                        raise _status_error(response, body, what)
-                    async for chunk in response.aiter_bytes(chunk_size):
-                        hasher.update(chunk)
-                        yield chunk
-                    if "sha256:" + hasher.hexdigest() != digest:
-                        raise _bad(f"{what}: content does not match its digest", response)
-            except RegistryError:
-                raise
-            except httpx.HTTPError as exc:
-                raise _transport_error(exc, what, url) from exc
+    def _image_labels(self, repository: str, tag: str) -> _Read[tuple[str, dict[str, str]]]:
+        manifest = yield from self._get_manifest(repository, tag, None)
+        labels = yield from self._get_labels(repository, manifest)
+        return manifest.tag_digest, labels
 
-    async def image_labels(self, repository: str, tag: str) -> tuple[str, dict[str, str]]:
-        """``(digest the tag points at, config.Labels)``."""
-        manifest = await self.get_manifest(repository, tag)
-        return manifest.tag_digest, await self.get_labels(repository, manifest)
-
-    async def get_variant_index(
-        self, repository: str, version: str, *, refresh: bool = False
-    ) -> VariantIndex | None:
-        """The proxy's ``/v2/<name>/_variants/<version>`` document; ``None`` when the
-        registry has no such extension (a plain 404 without an OCI error code).
-        ``refresh`` asks a caching proxy for a fresh document (``Cache-Control: no-cache``)."""
+    def _get_variant_index(
+        self, repository: str, version: str, refresh: bool
+    ) -> _Read[VariantIndex | None]:
         check_repository(repository)
         check_manifest_reference(version)
         what = f"variant index of {repository}:{version}"
         url = f"{self.base_url}/v2/{repository}/_variants/{version}"
         headers = {"Cache-Control": "no-cache"} if refresh else None
         try:
-            response, body = await self._get(url, what, _TAGS_LIMIT, headers=headers)
+            response, body = yield _Get(url, what, _TAGS_LIMIT, headers=headers)
         except NotFoundError as exc:
             if exc.code is None:
                 return None
@@ -297,13 +252,12 @@ class RegistryClient:
         except InvalidInputError as exc:
             raise _bad(str(exc), response) from exc
 
-    async def fetch_manifest(self, repository: str, reference: str) -> Manifest:
-        """The manifest or index at ``reference`` as it is (no platform resolution)."""
+    def _fetch_manifest(self, repository: str, reference: str) -> _Read[Manifest]:
         check_repository(repository)
         check_manifest_reference(reference)
         what = f"manifest {_name(repository, reference)}"
         _check_verifiable(reference, what)
-        response, body = await self._get(
+        response, body = yield _Get(
             f"{self.base_url}/v2/{repository}/manifests/{reference}",
             what,
             _MANIFEST_LIMIT,
@@ -325,39 +279,128 @@ class RegistryClient:
         _check_stated_digest(response, body, digest, what)
         return Manifest(media_type, digest, body, data)
 
-    async def _get(
+
+class RegistryClient(_RegistryReads):
+    """The distribution API of one registry (or a proxy in front of it), on asyncio.
+
+    ``headers`` go out on every request: the proxy passes a caller's ``Authorization``
+    this way, so the upstream decides what that caller may read. At most
+    ``max_concurrency`` requests are in flight at once.
+    """
+
+    def __init__(
         self,
-        url: str,
-        what: str,
-        limit: int,
+        base_url: str,
         *,
+        auth: httpx.Auth | None = None,
         headers: Mapping[str, str] | None = None,
-        params: Mapping[str, str] | None = None,
-    ) -> tuple[httpx.Response, bytes]:
-        """GET with the body capped at ``limit``. A 429 is retried after its ``Retry-After``
-        while this client's wait budget lasts (public registries limit pulls); then, or when
-        the registry asks for a longer wait, it fails naming the limit."""
-        for attempt in range(_RATE_LIMIT_RETRIES + 1):
+        timeout: float | httpx.Timeout = 30.0,
+        max_concurrency: int = 8,
+        platform: Platform | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        rate_limit_wait: float = DEFAULT_RATE_LIMIT_WAIT,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        if max_concurrency < 1:
+            raise InvalidInputError(f"max_concurrency must be at least 1, got {max_concurrency}")
+        import asyncio  # here: the sync client's commands load no asyncio
+
+        super().__init__(base_url, platform, rate_limit_wait)
+        self._semaphore = asyncio.Semaphore(max_concurrency)
+        self._http = async_client(
+            base_url=self.base_url,
+            auth=auth,
+            headers=headers,
+            timeout=timeout,
+            follow_redirects=True,  # blobs may live behind a redirect (S3, CDN)
+            limits=httpx.Limits(max_connections=max_concurrency),
+            transport=transport,
+            tls=tls,
+        )
+
+    @classmethod
+    def for_registry(
+        cls, registry: str, *, config_path: Path | None = None, **kwargs: Any
+    ) -> RegistryClient:
+        """A client for ``registry`` (``host[:port]``) with Docker's stored credentials and
+        the CAs Docker keeps for it (``certs.d``)."""
+        return cls(**(_registry_settings(registry, config_path) | kwargs))
+
+    async def __aenter__(self) -> RegistryClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def list_tags(self, repository: str, *, page_size: int | None = None) -> list[str]:
+        """Every tag, following ``Link: <...>; rel="next"`` pages."""
+        return await self._run(self._list_tags(repository, page_size))
+
+    async def get_manifest(
+        self, repository: str, reference: str, *, platform: Platform | None = None
+    ) -> Manifest:
+        """The manifest of a tag or digest; an index resolves to ``platform``'s manifest
+        (default: this host's), else the index's first linux one."""
+        return await self._run(self._get_manifest(repository, reference, platform))
+
+    async def get_config(self, repository: str, manifest: Manifest) -> dict[str, Any]:
+        """The image config blob named by ``manifest``, checked to be a JSON object."""
+        return await self._run(self._get_config(repository, manifest))
+
+    async def get_labels(self, repository: str, manifest: Manifest) -> dict[str, str]:
+        """``config.Labels`` of the image config that ``manifest`` names."""
+        return await self._run(self._get_labels(repository, manifest))
+
+    async def image_labels(self, repository: str, tag: str) -> tuple[str, dict[str, str]]:
+        """``(digest the tag points at, config.Labels)``."""
+        return await self._run(self._image_labels(repository, tag))
+
+    async def get_variant_index(
+        self, repository: str, version: str, *, refresh: bool = False
+    ) -> VariantIndex | None:
+        """The proxy's ``/v2/<name>/_variants/<version>`` document; ``None`` when the
+        registry has no such extension (a plain 404 without an OCI error code).
+        ``refresh`` asks a caching proxy for a fresh document (``Cache-Control: no-cache``)."""
+        return await self._run(self._get_variant_index(repository, version, refresh))
+
+    async def fetch_manifest(self, repository: str, reference: str) -> Manifest:
+        """The manifest or index at ``reference`` as it is (no platform resolution)."""
+        return await self._run(self._fetch_manifest(repository, reference))
+
+    async def stream_blob(
+        self, repository: str, digest: str, *, chunk_size: int = 1 << 20
+    ) -> AsyncIterator[bytes]:
+        """A blob's bytes as they arrive (a layer of gigabytes is never held), checked
+        against ``digest`` once the last chunk is in: a mismatch raises after it."""
+        check_repository(repository)
+        if digest_problem(digest) or not digest.startswith("sha256:"):
+            raise InvalidInputError(f"blob {digest!r} of {repository}: only sha256 digests")
+        what = f"blob {digest} of {repository}"
+        url = f"{self.base_url}/v2/{repository}/blobs/{digest}"
+        hasher = hashlib.sha256()
+        async with self._semaphore:
             try:
-                return await self._get_once(url, what, limit, headers=headers, params=params)
-            except UpstreamUnavailableError as exc:
-                if exc.status != 429:
-                    raise
-                delay = retry_after(exc.headers.get("retry-after"))
-                if attempt == _RATE_LIMIT_RETRIES or delay > self._wait_budget:
-                    raise RateLimitedError(
-                        f"{exc}; rate limited: the registry asks to wait "
-                        f"{_seconds(delay)} and docker-variant waits at most "
-                        f"{_seconds(self.rate_limit_wait)} in all"
-                        + ("" if attempt == 0 else f" (gave up after {attempt} retries)"),
-                        status=429,
-                        code=exc.code,
-                        headers=exc.headers,
-                        url=exc.url,
-                    ) from exc
-                self._wait_budget -= delay
-                await asyncio.sleep(delay)
-        raise AssertionError("unreachable")  # the loop returns or raises
+                async with self._http.stream("GET", url) as response:
+                    if not response.is_success:
+                        body = await _read(response, ERROR_BODY_LIMIT, what, truncate=True)
+                        raise _status_error(response, body, what)
+                    async for chunk in response.aiter_bytes(chunk_size):
+                        hasher.update(chunk)
+                        yield chunk
+                    if "sha256:" + hasher.hexdigest() != digest:
+                        raise _bad(f"{what}: content does not match its digest", response)
+            except RegistryError:
+                raise
+            except httpx.HTTPError as exc:
+                raise _transport_error(exc, what, url) from exc
 
     async def put_manifest(
         self, repository: str, reference: str, body: bytes, media_type: str
@@ -380,26 +423,173 @@ class RegistryClient:
         _check_stated_digest(response, body, digest, what)
         return digest
 
-    async def _get_once(
-        self,
-        url: str,
-        what: str,
-        limit: int,
-        *,
-        headers: Mapping[str, str] | None = None,
-        params: Mapping[str, str] | None = None,
-    ) -> tuple[httpx.Response, bytes]:
+    async def _run(self, read: _Read[_T]) -> _T:
+        try:
+            get = next(read)
+            while True:
+                try:
+                    answer = await self._get(get)
+                except Exception as exc:  # the read decides (a 404 may be an answer)
+                    get = read.throw(exc)
+                else:
+                    get = read.send(answer)
+        except StopIteration as done:
+            result: _T = done.value
+            return result
+
+    async def _get(self, get: _Get) -> _Answer:
+        for attempt in range(_RATE_LIMIT_RETRIES + 1):
+            try:
+                return await self._get_once(get)
+            except UpstreamUnavailableError as exc:
+                delay = self._rate_limit_delay(exc, attempt)
+                import asyncio
+
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # the last attempt returns or raises
+
+    async def _get_once(self, get: _Get) -> _Answer:
         async with self._semaphore:
             try:
-                async with self._http.stream("GET", url, headers=headers, params=params) as r:
+                async with self._http.stream(
+                    "GET", get.url, headers=get.headers, params=get.params
+                ) as r:
                     if not r.is_success:
-                        body = await _read(r, ERROR_BODY_LIMIT, what, truncate=True)
-                        raise _status_error(r, body, what)
-                    return r, await _read(r, limit, what)
+                        body = await _read(r, ERROR_BODY_LIMIT, get.what, truncate=True)
+                        raise _status_error(r, body, get.what)
+                    return r, await _read(r, get.limit, get.what)
             except RegistryError:
                 raise
             except httpx.HTTPError as exc:
-                raise _transport_error(exc, what, url) from exc
+                raise _transport_error(exc, get.what, get.url) from exc
+
+
+class SyncRegistryClient(_RegistryReads):
+    """The same reads as ``RegistryClient``, one request at a time in the calling thread,
+    over httpx's sync client: for a command that makes a few requests in a row (``pull``
+    and ``resolve`` fetching a published or proxied index), which then loads neither
+    asyncio nor anyio and shares one HTTP stack with the engine client."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        auth: httpx.Auth | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | httpx.Timeout = 30.0,
+        platform: Platform | None = None,
+        transport: httpx.BaseTransport | None = None,
+        rate_limit_wait: float = DEFAULT_RATE_LIMIT_WAIT,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        super().__init__(base_url, platform, rate_limit_wait)
+        self._http = sync_client(
+            base_url=self.base_url,
+            auth=auth,
+            headers=headers,
+            timeout=timeout,
+            follow_redirects=True,  # blobs may live behind a redirect (S3, CDN)
+            transport=transport,
+            tls=tls,
+        )
+
+    @classmethod
+    def for_registry(
+        cls, registry: str, *, config_path: Path | None = None, **kwargs: Any
+    ) -> SyncRegistryClient:
+        """A client for ``registry`` (``host[:port]``) with Docker's stored credentials and
+        the CAs Docker keeps for it (``certs.d``)."""
+        return cls(**(_registry_settings(registry, config_path) | kwargs))
+
+    def __enter__(self) -> SyncRegistryClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def list_tags(self, repository: str, *, page_size: int | None = None) -> list[str]:
+        """Every tag, following ``Link: <...>; rel="next"`` pages."""
+        return self._run(self._list_tags(repository, page_size))
+
+    def get_manifest(
+        self, repository: str, reference: str, *, platform: Platform | None = None
+    ) -> Manifest:
+        """As ``RegistryClient.get_manifest``."""
+        return self._run(self._get_manifest(repository, reference, platform))
+
+    def get_config(self, repository: str, manifest: Manifest) -> dict[str, Any]:
+        """As ``RegistryClient.get_config``."""
+        return self._run(self._get_config(repository, manifest))
+
+    def get_labels(self, repository: str, manifest: Manifest) -> dict[str, str]:
+        """As ``RegistryClient.get_labels``."""
+        return self._run(self._get_labels(repository, manifest))
+
+    def image_labels(self, repository: str, tag: str) -> tuple[str, dict[str, str]]:
+        """As ``RegistryClient.image_labels``."""
+        return self._run(self._image_labels(repository, tag))
+
+    def get_variant_index(
+        self, repository: str, version: str, *, refresh: bool = False
+    ) -> VariantIndex | None:
+        """As ``RegistryClient.get_variant_index``."""
+        return self._run(self._get_variant_index(repository, version, refresh))
+
+    def fetch_manifest(self, repository: str, reference: str) -> Manifest:
+        """As ``RegistryClient.fetch_manifest``."""
+        return self._run(self._fetch_manifest(repository, reference))
+
+    def _run(self, read: _Read[_T]) -> _T:
+        try:
+            get = next(read)
+            while True:
+                try:
+                    answer = self._get(get)
+                except Exception as exc:  # the read decides (a 404 may be an answer)
+                    get = read.throw(exc)
+                else:
+                    get = read.send(answer)
+        except StopIteration as done:
+            result: _T = done.value
+            return result
+
+    def _get(self, get: _Get) -> _Answer:
+        for attempt in range(_RATE_LIMIT_RETRIES + 1):
+            try:
+                return self._get_once(get)
+            except UpstreamUnavailableError as exc:
+                time.sleep(self._rate_limit_delay(exc, attempt))
+        raise AssertionError("unreachable")  # the last attempt returns or raises
+
+    def _get_once(self, get: _Get) -> _Answer:
+        try:
+            with self._http.stream("GET", get.url, headers=get.headers, params=get.params) as r:
+                if not r.is_success:
+                    body = _read_sync(r, ERROR_BODY_LIMIT, get.what, truncate=True)
+                    raise _status_error(r, body, get.what)
+                return r, _read_sync(r, get.limit, get.what)
+        except RegistryError:
+            raise
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc, get.what, get.url) from exc
+
+
+def _registry_settings(registry: str, config_path: Path | None) -> dict[str, Any]:
+    """Base URL, Docker's stored credentials and ``certs.d`` CAs for ``registry``."""
+    settings: dict[str, Any] = {"auth": RegistryAuth.from_docker_config(registry, config_path)}
+    cas = registry_ca_files(registry)
+    if cas:
+        settings["tls"] = tls_with(tuple(str(p) for p in cas))
+    settings["base_url"] = registry_base_url(registry, tls=bool(cas))
+    return settings
 
 
 def _transport_error(exc: httpx.HTTPError, what: str, url: str) -> DockerVariantError:
@@ -442,26 +632,53 @@ def _seconds(value: float) -> str:
     return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
 
 
+class _BoundedBody:
+    """A body being read, refusing more than ``limit`` bytes (a manifest is not a
+    gigabyte); with ``truncate``, only its first ``limit`` bytes are kept (enough of an
+    error body to find its code)."""
+
+    def __init__(self, response: httpx.Response, limit: int, what: str, truncate: bool) -> None:
+        declared = response.headers.get("content-length", "")
+        too_long = declared.isdigit() and (not is_number(declared) or int(declared) > limit)
+        if not truncate and too_long:
+            raise _bad(f"{what}: {declared} bytes is more than the {limit} allowed", response)
+        self._response, self._limit, self._what, self._truncate = response, limit, what, truncate
+        self._chunks: list[bytes] = []
+        self._size = 0
+
+    def add(self, chunk: bytes) -> bool:
+        """Take the next chunk; ``True`` when the body is complete (its head was kept)."""
+        if self._size + len(chunk) > self._limit:
+            if self._truncate:  # keep the head: a chunk may be larger than the whole limit
+                self._chunks.append(chunk[: self._limit - self._size])
+                return True
+            raise _bad(f"{self._what}: more than the {self._limit} bytes allowed", self._response)
+        self._size += len(chunk)
+        self._chunks.append(chunk)
+        return False
+
+    def value(self) -> bytes:
+        return b"".join(self._chunks)
+
+
 async def _read(
     response: httpx.Response, limit: int, what: str, *, truncate: bool = False
 ) -> bytes:
-    """The body, refusing more than ``limit`` bytes (a manifest is not a gigabyte); with
-    ``truncate``, its first ``limit`` bytes (enough of an error body to find its code)."""
-    declared = response.headers.get("content-length", "")
-    too_long = declared.isdigit() and (not is_number(declared) or int(declared) > limit)
-    if not truncate and too_long:
-        raise _bad(f"{what}: {declared} bytes is more than the {limit} allowed", response)
-    chunks: list[bytes] = []
-    size = 0
+    """A streamed body within ``limit`` (``_BoundedBody``), read on asyncio."""
+    body = _BoundedBody(response, limit, what, truncate)
     async for chunk in response.aiter_bytes():
-        if size + len(chunk) > limit:
-            if truncate:  # keep the head: a chunk may be larger than the whole limit
-                chunks.append(chunk[: limit - size])
-                break
-            raise _bad(f"{what}: more than the {limit} bytes allowed", response)
-        size += len(chunk)
-        chunks.append(chunk)
-    return b"".join(chunks)
+        if body.add(chunk):
+            break
+    return body.value()
+
+
+def _read_sync(response: httpx.Response, limit: int, what: str, *, truncate: bool = False) -> bytes:
+    """A streamed body within ``limit`` (``_BoundedBody``), read in this thread."""
+    body = _BoundedBody(response, limit, what, truncate)
+    for chunk in response.iter_bytes():
+        if body.add(chunk):
+            break
+    return body.value()
 
 
 def _status_error(response: httpx.Response, body: bytes, what: str) -> RegistryError:
@@ -526,8 +743,10 @@ def _check_shape(
     config = data.get("config")
     if not isinstance(config, dict) or not isinstance(config.get("digest"), str):
         raise _bad(f"{what}: image manifest without 'config.digest'", response)
-    if not str(config["digest"]).startswith("sha256:"):
-        raise _bad(f"{what}: config digest {config['digest']!r} is not sha256", response)
+    # It goes into a blob URL: the grammar first, as for every other part of a URL.
+    stated = str(config["digest"])
+    if digest_problem(stated) or not stated.startswith("sha256:"):
+        raise _bad(f"{what}: config digest {one_line(stated, 150)!r} is not sha256", response)
     if not isinstance(data.get("layers", []), list):
         raise _bad(f"{what}: 'layers' is not a list", response)
 
