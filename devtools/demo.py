@@ -1,5 +1,5 @@
 """The demo on embedded defaults (README's first command): a local registry, variant-proxy
-and Docker engine; six images of one app version; pulls as three different hosts.
+and Docker engine; seven images of one app version; pulls as four different hosts.
 
 Everything runs in a temp dir, listens on 127.0.0.1 and is stopped at the end.
 """
@@ -18,7 +18,9 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "demo"
 APP = "demo/app"
 VERSION = "1.0.0"
 # The variant labels examples/demo/variants.toml builds, besides the bare image.
-LABELS = ("cpu", "v3", "cu126", "cu128", "null")
+LABELS = ("cpu", "v3", "cu126", "cu128", "rocm64", "null")
+#: An MI300X node's sysfs (KFD topology, amdgpu driver 6.12.12, ROCm 6.4): read with --host-root.
+MI300X_ROOT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hostroot" / "mi300x"
 SIMULATED_HOSTS = {
     "an H200 on an R570 driver (CUDA 12.8)": {
         "nvidia": nvidia_features((12, 8), (9, 0)),
@@ -47,7 +49,7 @@ class Demo:
         return result.stdout
 
     def build_and_publish(self, registry: str) -> None:
-        """The six images from one Dockerfile and the example matrix, pushed, and the
+        """The seven images from one Dockerfile and the example matrix, pushed, and the
         variant image index written at VERSION."""
         ref = f"{registry}/{APP}:{VERSION}"
         self.run(
@@ -70,7 +72,7 @@ def main() -> None:
         demo = Demo(stack.root, stack.client_env())
         demo.run("docker-variant", "install-plugin")
 
-        print("\n== building and publishing six images of one version through the proxy")
+        print("\n== building and publishing seven images of one version through the proxy")
         demo.build_and_publish(stack.proxy.address)
 
         ref = f"{stack.proxy.address}/{APP}:{VERSION}"
@@ -86,6 +88,10 @@ def main() -> None:
             choices[name] = demo.run(
                 "docker", "variant", "pull", "--providers-file", str(path), ref
             ).strip()
+        print("\n== pulling as an MI300X node (its sysfs read with --host-root)", flush=True)
+        choices["an MI300X node (KFD sysfs, driver 6.12.12)"] = demo.run(
+            "docker", "variant", "pull", "--host-root", str(MI300X_ROOT), ref
+        ).strip()  # fmt: skip
         print("\n== local tags (REF and each chosen variant share one image ID)", flush=True)
         demo.run(
             "docker",
