@@ -24,6 +24,7 @@ from docker_variant.oci import (
     load_credentials,
 )
 from docker_variant.oci.auth import parse_challenge
+from docker_variant.oci.client import SyncRegistryClient
 from docker_variant.oci.mediatypes import OCI_MANIFEST
 from fakeupstream import FakeUpstream, Reply, Seen
 from imaging import ImageBuilder, raw_manifest, sha256_digest
@@ -302,3 +303,30 @@ def test_bearer_flow_garbage_token(fake_upstream: FakeUpstream) -> None:
     fake_upstream.routes["/token"] = Reply(body=b"<html>", headers={"Content-Type": "text/html"})
     with pytest.raises(BadUpstreamResponseError, match=r"token endpoint .* not JSON"):
         _scan_like(fake_upstream.url, RegistryAuth())
+
+
+def test_the_sync_client_answers_basic_and_bearer_challenges(
+    private: tuple[RunningRegistry, str], docker_config: WriteConfig, fake_upstream: FakeUpstream
+) -> None:
+    """The sync client (``pull``, ``resolve``) with Docker's stored credentials: Basic on an
+    htpasswd registry, and the token flow with one 401 in all."""
+    running, digest = private
+    docker_config({"auths": {running.host: {"auth": _b64("alice:wonderland")}}})
+    with SyncRegistryClient.for_registry(running.host) as client:
+        got, labels = client.image_labels("private/app", "1.0.0")
+    assert got == digest and labels["dev.pep817.variant-label"] == "cpu"
+    docker_config({"auths": {running.host: {"auth": _b64("alice:wrong")}}})
+    with (
+        SyncRegistryClient.for_registry(running.host) as client,
+        pytest.raises(RegistryAuthError, match=r"manifest private/app:1\.0\.0"),
+    ):
+        client.image_labels("private/app", "1.0.0")
+
+    issued = _token_registry(fake_upstream)
+    auth = RegistryAuth(Credentials("alice", "wonderland"))
+    with SyncRegistryClient(fake_upstream.url, auth=auth) as client:
+        assert client.list_tags("app") == ["1.0"]
+        assert client.image_labels("app", "1.0")[1] == {"k": "v"}
+    assert len(issued) == 1
+    unauthorised = [r for r in fake_upstream.requests if r.path != "/token"]
+    assert sum("authorization" not in r.headers for r in unauthorised) == 1

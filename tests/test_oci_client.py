@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import pytest
 
 from conftest import RunningRegistry
-from docker_variant.errors import InvalidInputError, UnreachableError
+from docker_variant.errors import DockerVariantError, InvalidInputError, UnreachableError
 from docker_variant.oci import (
     BadUpstreamResponseError,
     Manifest,
@@ -22,6 +22,8 @@ from docker_variant.oci import (
     RegistryError,
     UpstreamUnavailableError,
 )
+from docker_variant.oci.client import SyncRegistryClient
+from docker_variant.oci.errors import RateLimitedError
 from docker_variant.oci.mediatypes import MANIFEST_ACCEPT, OCI_INDEX, OCI_MANIFEST
 from fakeupstream import FakeUpstream, Reply, Seen
 from imaging import ImageBuilder, push_index, raw_manifest, sha256_digest
@@ -378,3 +380,96 @@ def test_an_index_has_no_config() -> None:
     assert index.is_index
     with pytest.raises(InvalidInputError, match="is an index"):
         _ = index.config_digest
+
+
+# --- the sync client: the same reads, the same answers and errors ------------------------
+
+
+def _outcome(call: Any) -> tuple[str, Any]:
+    try:
+        return "ok", call()
+    except DockerVariantError as exc:
+        return type(exc).__name__, str(exc)
+
+
+def _on_both(base_url: str, call: Any, **kwargs: Any) -> tuple[tuple[str, Any], tuple[str, Any]]:
+    """``call(client)`` on the asyncio client and on the sync one: (result or error) each."""
+
+    async def on_async(client: RegistryClient) -> Any:
+        return await call(client)
+
+    def on_sync() -> Any:
+        with SyncRegistryClient(base_url, **kwargs) as client:
+            return call(client)
+
+    return _outcome(lambda: run(_with(base_url, on_async, **kwargs))), _outcome(on_sync)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda c: c.get_manifest("client/app", "labelled"),
+        lambda c: c.get_manifest("client/app", "multi", platform=Platform("linux", "arm64")),
+        lambda c: c.get_manifest("client/app", "windows"),
+        lambda c: c.fetch_manifest("client/app", "multi"),
+        lambda c: c.image_labels("client/app", "labelled"),
+        lambda c: c.list_tags("client/app", page_size=3),
+        lambda c: c.get_variant_index("client/app", "1.0.0"),
+        lambda c: c.fetch_manifest("client/nosuch", "1.0"),
+        lambda c: c.fetch_manifest("client/app", "sha256:" + "0" * 64),
+    ],
+)
+def test_the_sync_client_reads_a_real_registry_as_the_async_one(
+    registry: RunningRegistry, pushed: dict[str, str], call: Any
+) -> None:
+    on_async, on_sync = _on_both(registry.url, call)
+    assert on_sync == on_async
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [
+        lambda f: _serve_image(f),
+        lambda f: _serve_image(f, truncate_to=40),
+        lambda f: _serve_image(f, content_type="text/html"),
+        lambda f: _serve_image(f, manifest=b"{" + b" " * (5 << 20) + b"}"),
+        lambda f: _serve_image(f, config=b'{"config": {"Labels": {"a": 1}}}'),
+        lambda f: f.routes.update({"/v2/app/manifests/1.0": Reply(503, b"<html>busy</html>")}),
+        lambda f: f.routes.update(
+            {"/v2/app/manifests/1.0": Reply(403, b'{"errors":[{"code":"DENIED"}]}' * 9999)}
+        ),
+    ],
+)
+def test_the_sync_client_checks_bad_answers_as_the_async_one(
+    fake_upstream: FakeUpstream, setup: Any
+) -> None:
+    setup(fake_upstream)
+    on_async, on_sync = _on_both(fake_upstream.url, lambda c: c.image_labels("app", "1.0"))
+    assert on_sync == on_async
+    assert on_sync[0] != "ok" or on_sync[1][1] == {"a": "b"}
+
+
+def test_the_sync_client_waits_out_a_429_within_its_budget(fake_upstream: FakeUpstream) -> None:
+    limited = b'{"errors": [{"code": "TOOMANYREQUESTS", "message": "slow down"}]}'
+    answers = [Reply(429, limited, {"Retry-After": "0"}), Reply(body=b'{"tags": ["1.0"]}')]
+    fake_upstream.routes["/v2/app/tags/list"] = lambda _: answers.pop(0)
+    with SyncRegistryClient(fake_upstream.url) as client:
+        assert client.list_tags("app") == ["1.0"]
+    assert answers == []
+    fake_upstream.routes["/v2/app/tags/list"] = Reply(429, limited, {"Retry-After": "3600"})
+    with (
+        SyncRegistryClient(fake_upstream.url, rate_limit_wait=5) as client,
+        pytest.raises(RateLimitedError, match="asks to wait 3600 s and docker-variant waits"),
+    ):
+        client.list_tags("app")
+
+
+def test_the_sync_client_names_a_registry_that_is_down() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with (
+        SyncRegistryClient(f"http://127.0.0.1:{port}") as client,
+        pytest.raises(UpstreamUnavailableError, match=f"127.0.0.1:{port}.*Connection refused"),
+    ):
+        client.list_tags("app")

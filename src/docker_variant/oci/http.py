@@ -112,12 +112,14 @@ def sync_client(
     headers: Mapping[str, str] | None = None,
     tls: ssl.SSLContext | None = None,
     transport: httpx.BaseTransport | None = None,
+    auth: httpx.Auth | None = None,
     follow_redirects: bool = False,
 ) -> httpx.Client:
     """A client with the package's trust, User-Agent and ``timeout``; ``transport`` (else
     ``sync_transport(tls=tls)``) carries its requests."""
     return httpx.Client(
         base_url=base_url,
+        auth=auth,
         headers=_headers(headers),
         timeout=timeout,
         follow_redirects=follow_redirects,

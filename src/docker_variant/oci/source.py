@@ -4,18 +4,17 @@ scan (the three give the same document)."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from typing import Any
 
 from docker_variant.errors import InvalidInputError, UnreachableError
 from docker_variant.localcache import read_entry, write_entry
-from docker_variant.oci.client import RegistryClient
+from docker_variant.oci.client import Manifest, RegistryClient, SyncRegistryClient
 from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.errors import NotFoundError, RegistryError
+from docker_variant.oci.imageindex import read_image_index
 from docker_variant.oci.reference import Reference, parse_reference
-from docker_variant.oci.scan import read_version
-from docker_variant.variant.index import VariantIndex
+from docker_variant.variant.index import VariantIndex, build_index
 
 __all__ = ["download_index", "fetch_index", "fetch_index_async", "refresh_proxy_index"]
 
@@ -26,41 +25,85 @@ INDEX_DOWNLOAD_LIMIT = 16 << 20
 INDEX_DOWNLOAD_DEADLINE = 30.0
 
 
+def _plain_memo(base_url: str) -> str:
+    return f"plain-{hashlib.sha256(base_url.encode()).hexdigest()[:16]}.json"
+
+
 async def fetch_index_async(client: RegistryClient, repository: str, version: str) -> VariantIndex:
     """The proxy's ``_variants`` if the registry has the extension, else its variant image
     index or a scan. A registry found without it is remembered for ``PLAIN_REGISTRY_TTL``
     seconds, so the next command skips the probe."""
-    memo = f"plain-{hashlib.sha256(client.base_url.encode()).hexdigest()[:16]}.json"
+    memo = _plain_memo(client.base_url)
     if read_entry(memo, PLAIN_REGISTRY_TTL) is None:
         index = await client.get_variant_index(repository, version)
         if index is not None:
             return index
         write_entry(memo, client.base_url)
+    from docker_variant.oci.scan import read_version
+
     return await read_version(client, repository, version)
 
 
-def fetch_index(ref: str | Reference, **client_kwargs: Any) -> tuple[Reference, VariantIndex]:
-    """Parse ``registry/name:version`` and fetch its index with Docker's credentials."""
+def fetch_index(ref: str | Reference) -> tuple[Reference, VariantIndex]:
+    """Parse ``registry/name:version`` and fetch its index with Docker's credentials.
+
+    As ``fetch_index_async``, in this thread: the proxy's document or a published variant
+    image index is one or two requests in a row, made without asyncio (a command that then
+    talks to the engine uses one HTTP stack); only a scan of the tags, many requests, runs
+    them concurrently on asyncio."""
     reference = parse_reference(ref) if isinstance(ref, str) else ref
     version = reference.tag
     if version is None:
         raise InvalidInputError(
             f"{reference}: a version tag is needed, e.g. {reference.name}:1.0.0"
         )
+    with SyncRegistryClient.for_registry(reference.registry) as client:
+        found, top = _published_index(client, reference.repository, version)
+    if found is None:
+        import asyncio  # only here: a command that needs no scan loads no asyncio
 
-    async def run() -> VariantIndex:
-        async with RegistryClient.for_registry(reference.registry, **client_kwargs) as client:
-            return await fetch_index_async(client, reference.repository, version)
-
-    index = asyncio.run(run())
-    if not index.variants and index.bare is None and not index.invalid:
+        found = asyncio.run(_scan(reference, version, top))
+    if not found.variants and found.bare is None and not found.invalid:
         # As `docker pull` of a missing tag: an error, not "nothing fits this host".
         raise NotFoundError(
             f"{reference}: no image tagged {version} or {version}-<label> in {reference.name}",
             status=404,
             code=ErrorCode.MANIFEST_UNKNOWN,
         )
-    return reference, index
+    return reference, found
+
+
+def _published_index(
+    client: SyncRegistryClient, repository: str, version: str
+) -> tuple[VariantIndex | None, Manifest | None]:
+    """The proxy's document, else the variant image index at ``version`` (as
+    ``read_version`` reads it); else ``None`` and the manifest at ``version`` if any, for
+    the scan."""
+    memo = _plain_memo(client.base_url)
+    if read_entry(memo, PLAIN_REGISTRY_TTL) is None:
+        index = client.get_variant_index(repository, version)
+        if index is not None:
+            return index, None
+        write_entry(memo, client.base_url)
+    try:
+        top = client.fetch_manifest(repository, version)
+    except NotFoundError as exc:
+        if exc.code == ErrorCode.NAME_UNKNOWN:
+            raise  # no such repository: nothing of it can be read
+        return None, None
+    if top.is_index:
+        entries = read_image_index(top.data, version)
+        if entries is not None:
+            return build_index(version, [e.record() for e in entries]), top
+    return None, top
+
+
+async def _scan(reference: Reference, version: str, top: Manifest | None) -> VariantIndex:
+    from docker_variant.oci.scan import scan_images
+
+    async with RegistryClient.for_registry(reference.registry) as client:
+        images = await scan_images(client, reference.repository, version, top=top)
+    return images.index(version)
 
 
 def download_index(
@@ -115,12 +158,8 @@ def refresh_proxy_index(ref: Reference, version: str, **client_kwargs: Any) -> b
     if not version:
         return False
 
-    async def run() -> bool:
-        async with RegistryClient.for_registry(ref.registry, **client_kwargs) as client:
-            index = await client.get_variant_index(ref.repository, version, refresh=True)
-            return index is not None
-
     try:
-        return asyncio.run(run())
+        with SyncRegistryClient.for_registry(ref.registry, **client_kwargs) as client:
+            return client.get_variant_index(ref.repository, version, refresh=True) is not None
     except (RegistryError, InvalidInputError):
         return False
