@@ -26,6 +26,7 @@ from docker_variant.proxy.app import (
 )
 from docker_variant.proxy.blobrelay import RELAY_MODES
 from docker_variant.proxy.handoff import HandoffHttpToolsProtocol
+from docker_variant.proxy.metrics import AccessLines
 from docker_variant.server.logs import configure_logging
 from docker_variant.server.net import bind_socket, parse_listen
 from docker_variant.server.options import (
@@ -108,6 +109,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _logs_info(level: str) -> bool:
+    return logging.getLevelName(level.upper()) in (logging.DEBUG, logging.INFO)
+
+
 def server_config(app: Starlette, log_level: str = "info", **tls: Any) -> uvicorn.Config:
     """How the proxy runs under uvicorn (also used by the tests); ``tls``: ``tls_options``."""
     return uvicorn.Config(
@@ -140,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             cache_url=args.cache,
             notify_secret=secret,
             blob_relay=args.blob_relay,
+            # the access log straight to stderr in batches, when INFO lines are wanted
+            access_lines=AccessLines(sys.stderr) if _logs_info(args.log_level) else None,
         )
     except InvalidInputError as exc:
         parser.error(str(exc))

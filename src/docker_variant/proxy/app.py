@@ -23,7 +23,13 @@ from docker_variant.oci.grammar import name_problem
 from docker_variant.openapi import document as openapi_document
 from docker_variant.proxy.blobrelay import RELAY_MODES
 from docker_variant.proxy.cache import open_store
-from docker_variant.proxy.metrics import CONTENT_TYPE_LATEST, ROUTE_KIND, AccessLog, ProxyMetrics
+from docker_variant.proxy.metrics import (
+    CONTENT_TYPE_LATEST,
+    ROUTE_KIND,
+    AccessLines,
+    AccessLog,
+    ProxyMetrics,
+)
 from docker_variant.proxy.names import PathError, Route, RouteKind, parse_v2_path
 from docker_variant.proxy.passthrough import Upstream
 from docker_variant.proxy.variants import (
@@ -79,6 +85,7 @@ def create_app(
     cache_url: str | None = None,
     notify_secret: str | None = None,
     blob_relay: str = RELAY_MODES[0],
+    access_lines: AccessLines | None = None,
 ) -> Starlette:
     """The proxy for ``upstream_url``; ``cache_ttl`` bounds how stale an index may be
     (0 disables the cache); ``upstream_timeout`` bounds an index scan and the wait for
@@ -87,7 +94,9 @@ def create_app(
     ``cache_url`` (``redis://...``) shares the index cache with other replicas; ``None``
     keeps it in this process. ``notify_secret`` enables ``POST /_notify`` for the
     registry's notification webhook, called with ``Authorization: Bearer <secret>``.
-    ``blob_relay`` is how large blob bodies go down (``blobrelay.RELAY_MODES``)."""
+    ``blob_relay`` is how large blob bodies go down (``blobrelay.RELAY_MODES``).
+    ``access_lines``: where the access log's lines go (the server's stderr, in batches);
+    without it they are records of the ``metrics.ACCESS_LOGGER`` logger."""
     base_url = check_upstream_url(upstream_url)
     if cache_ttl < 0:
         raise InvalidInputError(f"cache TTL must be >= 0 seconds, got {cache_ttl}")
@@ -121,6 +130,8 @@ def create_app(
         finally:
             await cache.close()
             await upstream.aclose()
+            if access_lines is not None:
+                access_lines.flush()
 
     async def dispatch(request: Request) -> Response:
         raw = request.scope.get("raw_path")
@@ -200,7 +211,8 @@ def create_app(
         lifespan=lifespan,
     )
     app.add_middleware(ReadPassThrough, service=service)
-    app.add_middleware(AccessLog, metrics=metrics)  # added last: outside ReadPassThrough
+    # added last: outside ReadPassThrough
+    app.add_middleware(AccessLog, metrics=metrics, lines=access_lines)
     app.state.metrics = metrics
     app.state.cache = cache
     return app

@@ -6,9 +6,12 @@ do not collide on metric names.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from email.utils import formatdate
+from json.encoder import encode_basestring_ascii
+from typing import TextIO
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -20,8 +23,10 @@ __all__ = [
     "CONTENT_TYPE_LATEST",
     "RELAYED_BYTES",
     "ROUTE_KIND",
+    "AccessLines",
     "AccessLog",
     "ProxyMetrics",
+    "access_line",
     "route_kind",
 ]
 
@@ -111,16 +116,70 @@ def route_kind(scope: Scope) -> RouteKind:
         return RouteKind.INVALID
 
 
+def access_line(
+    method: str, route: str, path: str, status: int, duration_ms: float, sent: int
+) -> str:
+    """One request's JSON line, with the fields and key order that ``JsonFormatter`` gives
+    an access record, built without ``logging`` (a record, handlers and ``json.dumps`` cost
+    a fifth of a manifest GET's time in the proxy)."""
+    return (
+        f'{{"bytes": {sent}, "duration_ms": {duration_ms!r}, "level": "info", '
+        f'"logger": "{ACCESS_LOGGER}", "method": {encode_basestring_ascii(method)}, '
+        f'"path": {encode_basestring_ascii(path)}, "route": "{route}", '
+        f'"status": {status or "null"}, "ts": {round(time.time(), 3)!r}}}\n'
+    )
+
+
+class AccessLines:
+    """The access log written to ``stream`` in batches: each line once, whole, in order; at
+    most ``batch`` lines or ``delay`` seconds after the first waits, and all at ``flush``
+    (the proxy's shutdown)."""
+
+    def __init__(self, stream: TextIO, *, batch: int = 256, delay: float = 0.05) -> None:
+        self.stream = stream
+        self.batch = batch
+        self.delay = delay
+        self._lines: list[str] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, line: str) -> None:
+        self._lines.append(line)
+        if len(self._lines) >= self.batch:
+            self.flush()
+        elif self._timer is None:
+            try:
+                self._timer = asyncio.get_running_loop().call_later(self.delay, self.flush)
+            except RuntimeError:  # no event loop (a test calling in directly)
+                self.flush()
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._lines:
+            return
+        text, self._lines = "".join(self._lines), []
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):  # a closed or broken stderr loses the log, not requests
+            pass
+
+
 class AccessLog:
-    """ASGI middleware: counts every request and logs it as one JSON line.
+    """ASGI middleware: counts every request and logs it as one JSON line, to ``lines``
+    (the server's own stream) or, without it, as a record of the ``ACCESS_LOGGER`` logger.
 
     Only method, route class, path, status, duration and size are logged: never headers,
     so no ``Authorization`` value can reach a log.
     """
 
-    def __init__(self, app: ASGIApp, metrics: ProxyMetrics) -> None:
+    def __init__(
+        self, app: ASGIApp, metrics: ProxyMetrics, lines: AccessLines | None = None
+    ) -> None:
         self.app = app
         self.metrics = metrics
+        self.lines = lines
         self.log = logging.getLogger(ACCESS_LOGGER)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -160,16 +219,17 @@ class AccessLog:
                 self.metrics.relayed_bytes.labels(scope.get(RELAY_MODE, "copy")).inc(relayed)
             shown = str(status) if status else "aborted"  # cancelled before answering
             self.metrics.count_request(route, method, shown)
-            self.log.info(
-                "request",
-                extra={
-                    "fields": {
-                        "method": method,
-                        "route": route,
-                        "path": scope.get("path", ""),
-                        "status": status or None,
-                        "duration_ms": round((time.perf_counter() - started) * 1000, 2),
-                        "bytes": sent,
-                    }
-                },
-            )
+            duration_ms = round((time.perf_counter() - started) * 1000, 2)
+            path = str(scope.get("path", ""))
+            if self.lines is not None:
+                self.lines.add(access_line(method, route, path, status, duration_ms, sent))
+            elif self.log.isEnabledFor(logging.INFO):
+                fields = {
+                    "method": method,
+                    "route": route,
+                    "path": path,
+                    "status": status or None,
+                    "duration_ms": duration_ms,
+                    "bytes": sent,
+                }
+                self.log.info("request", extra={"fields": fields})
