@@ -1,8 +1,10 @@
 """Where a placement goes: pure logic over a snapshot of the pool, on top of ``select``.
 
-Every device is judged on its node's host lists merged with the device's own lists (the
-device's namespaces replace the host's), exactly as ``docker variant pull`` would judge a host
-with those lists: ``select`` ranks the index's variants for it (1 = the variant that device
+Every device is judged on its node's CPU lists (``x86_64``, ``aarch64``) with the device's own
+lists: an accelerator namespace (``nvidia``, ``amd``, a descriptor's such as ``furiosa``)
+counts only from the device, so the accelerator namespace a variant names decides which
+devices it takes, and ``devices_per_node`` counts those. Each device is judged exactly as
+``docker variant pull`` would judge a host with those lists: ``select`` ranks the index's variants for it (1 = the variant that device
 would pull itself), then ``null``, then the bare image. Devices whose lists agree on every
 namespace the index uses form one *device class*; each class is compiled once per placement.
 
@@ -61,6 +63,7 @@ from docker_variant.variant.model import SupportedLists
 from docker_variant.variant.platform import Platform, platform_of_lists
 from docker_variant.variant.selection import Candidate, select
 from docker_variant.variant.virtual import virtual_host
+from docker_variant.vendors import CPU_NAMESPACES
 
 __all__ = [
     "BARE",
@@ -139,10 +142,15 @@ class Judge:
         return select(self.index, virtual_host(self.index)).ranked
 
     def lists(self, host: ProfileKey, device: ProfileKey | None) -> SupportedLists:
-        """The lists a device is judged on: the host's, its own namespaces replacing them."""
-        merged = dict(self.profiles[host])
-        if device is not None:
-            merged.update(self.profiles[device])
+        """The lists a device is judged on: the host's CPU namespaces and the device's own
+        lists. An accelerator namespace (any other: ``nvidia``, ``amd``, a descriptor's)
+        counts only from the device, so a variant naming it takes only devices that report
+        it, whatever else the host has. Without a device: the host's lists."""
+        host_lists = self.profiles[host]
+        if device is None:
+            return dict(host_lists)
+        merged = {ns: lists for ns, lists in host_lists.items() if ns in CPU_NAMESPACES}
+        merged.update(self.profiles[device])
         return merged
 
     def platform(self, node: Node) -> str | None:
