@@ -227,3 +227,18 @@ def test_heterogeneous_amd_host_root(files: dict[str, str], tmp_path: Path) -> N
     )
     assert done.returncode == 2 and "device 7 does not exist" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_providers_names_each_amd_device_and_ls_notes_partial_fits(
+    files: dict[str, str], tmp_path: Path
+) -> None:
+    root = str(HOSTS / "mi210-navi31")
+    done = run(tmp_path, "--host-root", root, "providers", "--devices")
+    assert "amd device 0000:03:00.0: gfx90a (Instinct" in done.stdout
+    assert "amd device 0000:0c:00.0: gfx1100 (Radeon RX 7900" in done.stdout
+    done = run(tmp_path, "--host-root", root, "ls", "--index", files["amd_set"], "--json")
+    data = json.loads(done.stdout)
+    assert data["selected"]["label"] == "rocm63gfx1100"  # gfx1100 first in the host's list
+    assert data["some_devices"]["rocm63gfx1100"].startswith(
+        "fits 1 of 2 devices (not 0 (0000:03:00.0): amd :: gfx_arch needs one of gfx1100"
+    )

@@ -66,7 +66,11 @@ def k8s_claim(
         typer.Option("--name", help="Template name (default: from the repository and version)."),
     ] = None,
     device_class: Annotated[
-        str, typer.Option("--device-class", help="DeviceClass of every subrequest.")
+        str,
+        typer.Option(
+            "--device-class",
+            help="DeviceClass of the NVIDIA subrequests (AMD ones ask gpu.amd.com).",
+        ),
     ] = K8S_DEFAULT_DEVICE_CLASS,
     json_: JsonOpt = False,
 ) -> None:

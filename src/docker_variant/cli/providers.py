@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from docker_variant import vendors
 from docker_variant.cli.options import (
     DescriptorsOpt,
     EnableOpt,
@@ -45,6 +46,10 @@ def providers(
     if devices:
         for kind, by_id in report.devices.items():
             for device_id, lists in by_id.items():
-                heading = safe_text(f"{kind} device {device_id}", markup=True)
+                described = vendors.describe(kind, lists.get(kind, {}))
+                heading = safe_text(
+                    f"{kind} device {device_id}" + (f": {described}" if described else ""),
+                    markup=True,
+                )
                 stdout_console().print(f"\n[bold]{heading}[/]")
                 stdout_console().print(host_table(lists))
