@@ -25,6 +25,9 @@ MAX_FILE_BYTES = 64 * 1024  # a sysfs attribute is at most a page; a version fil
 class HostRoot:
     root: Path
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))  # a str works too
+
     @classmethod
     def resolve(cls, value: str | Path | None, env: Mapping[str, str] | None = None) -> HostRoot:
         """``value``, else ``$DOCKER_VARIANT_HOST_ROOT``, else ``/``; it must be a directory."""
