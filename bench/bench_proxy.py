@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -162,8 +164,19 @@ def curl_seconds(url: str) -> float:
     return float(out.stdout)
 
 
+def small_layer() -> bytes:
+    """A gzip-compressed tar of one 1 KiB file: the smallest layer a publisher accepts."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        data = os.urandom(1024)
+        member = tarfile.TarInfo("data.bin")
+        member.size = len(data)
+        tar.addfile(member, io.BytesIO(data))
+    return out.getvalue()
+
+
 def push_variants(base: str, repo: str, count: int) -> None:
-    layer = os.urandom(1024)
+    layer = small_layer()
     push_blob(base, repo, layer)
     for i in range(count):
         labels = {

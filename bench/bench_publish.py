@@ -46,15 +46,17 @@ def median_ms(fn: Callable[[], object], repeat: int) -> float:
     return statistics.median(samples) * 1e3
 
 
-def in_process_ms(base: str, repo: str) -> float:
+def in_process_ms(base: str, repo: str, repeat: int = 7) -> float:
     async def read() -> None:
         async with RegistryClient(base) as client:
             await read_version(client, repo, "1.0.0")
 
-    return median_ms(lambda: asyncio.run(read()), 7)
+    return median_ms(lambda: asyncio.run(read()), repeat)
 
 
 def main() -> None:
+    tiny = "--tiny" in sys.argv[1:]  # ten variants, few repeats: seconds, for CI
+    counts, repeat, cli_repeat = ((10,), 2, 1) if tiny else ((10, 50, 200), 7, 5)
     root = Path(tempfile.mkdtemp(prefix="dv-bench-pub-", dir="/tmp"))
     registry = devstack.start_registry(root / "registry", access_log=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "NV_VARIANT"))}
@@ -77,16 +79,20 @@ def main() -> None:
         print("resolve from the registry, no proxy: tag scan vs published variant image index")
         print(f"  {'N':>4} {'scan ms':>9} {'index ms':>9} {'scan/index':>11}"
               f" {'CLI scan':>9} {'CLI index':>10} {'GETs scan':>10} {'GETs index':>11}")  # fmt: skip
-        for count in (10, 50, 200):
+        for count in counts:
             repo = f"bench/pub{count}"
             ref = f"{registry.address}/{repo}:1.0.0"
             push_variants(registry.url, repo, count)
-            scan = in_process_ms(registry.url, repo)
-            cli_scan = median_ms(lambda r=ref: resolve(r), 5)  # type: ignore[misc]
+            scan = in_process_ms(registry.url, repo, repeat)
+            cli_scan = median_ms(lambda r=ref: resolve(r), cli_repeat)  # type: ignore[misc]
             scan_gets = requests_for_resolve(ref)
-            subprocess.run([*cli, "publish", ref], env=env, check=True, capture_output=True)
-            index = in_process_ms(registry.url, repo)
-            cli_index = median_ms(lambda r=ref: resolve(r), 5)  # type: ignore[misc]
+            published = subprocess.run(
+                [*cli, "publish", ref], env=env, capture_output=True, text=True
+            )
+            if published.returncode != 0:
+                raise SystemExit(f"docker-variant publish {ref}: {published.stderr.strip()}")
+            index = in_process_ms(registry.url, repo, repeat)
+            cli_index = median_ms(lambda r=ref: resolve(r), cli_repeat)  # type: ignore[misc]
             index_gets = requests_for_resolve(ref)
             print(f"  {count:>4} {scan:9.1f} {index:9.2f} {scan / index:11.1f}"
                   f" {cli_scan:9.0f} {cli_index:10.0f} {scan_gets:>10} {index_gets:>11}")  # fmt: skip

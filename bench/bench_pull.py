@@ -62,7 +62,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="pulls of each kind per size")
     parser.add_argument("--sizes", default="100,1024", help="image sizes in MB")
     parser.add_argument("--resolve-runs", type=int, default=15)
+    parser.add_argument("--tiny", action="store_true", help="a 1 MB image, one round (CI)")
     args = parser.parse_args()
+    if args.tiny:
+        args.sizes, args.rounds, args.resolve_runs = "1", 1, 2
     sizes = [int(s) for s in args.sizes.split(",") if s]
     _byte_compile_package()
 

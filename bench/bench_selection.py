@@ -5,6 +5,7 @@ Run: .venv/bin/python bench/bench_selection.py   (prints a table with ratios)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -19,6 +20,7 @@ from pathlib import Path
 from baseline import variantlib_order
 from docker_variant.providers.nvidia import nvidia_features
 from docker_variant.variant import SupportedLists, Variant, VariantIndex, select
+from docker_variant.variant.index import ImageRef
 
 X86_FLAGS = [
     "avx512f",
@@ -61,7 +63,12 @@ def make_index(count: int, seed: int = 7) -> VariantIndex:
         if rng.random() < 0.1:
             props["acme_npu"] = {"gen": [rng.choice(["g1", "g2", "g3", "g4"])]}
         variants[f"v{i:04d}"] = Variant.from_json(f"v{i:04d}", props)
-    return VariantIndex(["nvidia", "acme_npu", "x86_64"], variants)
+    # every variant has its image (an index document names one per variant)
+    images = {
+        label: ImageRef(f"1.0-{label}", "sha256:" + hashlib.sha256(label.encode()).hexdigest())
+        for label in variants
+    }
+    return VariantIndex(["nvidia", "acme_npu", "x86_64"], variants, images)
 
 
 def timed(fn: Callable[[], object], repeat: int) -> float:
@@ -74,14 +81,16 @@ def timed(fn: Callable[[], object], repeat: int) -> float:
 
 
 def main() -> None:
+    tiny = "--tiny" in sys.argv[1:]  # 50 variants, few repeats: seconds, for CI
+    size, repeat = (50, 2) if tiny else (1000, 1)
     host = rich_host()
-    index = make_index(1000)
+    index = make_index(size)
     ours = [c.label for c in select(index, host).ranked]
     theirs = variantlib_order(index, host)
     assert ours == theirs, "parity broken: the benchmark would compare different answers"
-    t_ours = timed(lambda: select(index, host), 15)
-    t_lib = timed(lambda: variantlib_order(index, host), 5)
-    print(f"selection of 1,000 variants ({len(ours)} compatible) on a rich host")
+    t_ours = timed(lambda: select(index, host), 15 // repeat)
+    t_lib = timed(lambda: variantlib_order(index, host), 5 // repeat)
+    print(f"selection of {size:,} variants ({len(ours)} compatible) on a rich host")
     print(f"  docker_variant.select        {t_ours * 1e3:8.2f} ms")
     print(f"  variantlib sort_and_filter   {t_lib * 1e3:8.2f} ms")
     print(f"  ratio ours / variantlib      {t_ours / t_lib:8.3f}  (speed-up x{t_lib / t_ours:.1f})")
@@ -92,9 +101,13 @@ def main() -> None:
         env = {**os.environ, "XDG_CACHE_HOME": tmp}
         cmd = [sys.executable, "-m", "docker_variant", "resolve", "--index", str(path)]
         subprocess.run(cmd, env=env, check=True, capture_output=True)  # warms the provider cache
-        t_cli = timed(lambda: subprocess.run(cmd, env=env, check=True, capture_output=True), 10)
-        t_py = timed(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), 10)
-    print("whole `docker-variant resolve --index` process, warm provider cache, 1,000 variants")
+        t_cli = timed(
+            lambda: subprocess.run(cmd, env=env, check=True, capture_output=True), 10 // repeat
+        )
+        t_py = timed(
+            lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), 10 // repeat
+        )
+    print(f"whole `docker-variant resolve --index` process, warm provider cache, {size:,} variants")
     print(f"  docker-variant resolve       {t_cli * 1e3:8.1f} ms")
     print(f"  bare `python -c pass`        {t_py * 1e3:8.1f} ms")
     print(f"  ratio resolve / bare python  {t_cli / t_py:8.2f}")
