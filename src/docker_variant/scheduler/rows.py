@@ -199,6 +199,14 @@ _BUMP_ALLOCATIONS = (
 )
 
 
+def unchanged_since(conn: Connection, seen: tuple[int, int]) -> bool:
+    """Whether nothing changed the agents, devices or allocations since ``versions`` read
+    ``seen``, as far as this write transaction can know for sure: on SQLite it holds the
+    only write lock (``BEGIN IMMEDIATE``) and every change bumps a version, so equal
+    versions mean equal rows. On PostgreSQL a change may be in flight: always False."""
+    return conn.dialect.name == "sqlite" and versions(conn) == seen
+
+
 def bump_pool(conn: Connection) -> int:
     """The pool's agents or devices changed: other processes re-read them on their next plan."""
     return int(conn.execute(_BUMP_POOL).scalar_one())

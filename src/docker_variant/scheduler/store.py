@@ -221,9 +221,10 @@ class Store:
         def attempt() -> dict[str, Any] | Refusal:
             with self._placing:
                 with self.rows.read("reading the pool") as conn, self.cache.lock:
+                    pool, seen = self.cache.sync(conn, request.resource_group)
                     outcome = plan(
                         index,
-                        self.cache.synced(conn, request.resource_group),
+                        pool,
                         request.nodes,
                         request.devices_per_node,
                         device_name=request.device_name,
@@ -233,7 +234,7 @@ class Store:
                 if isinstance(outcome, Refusal):
                     return outcome
                 document = self._document(outcome, request, image_of, owner)
-                if self._commit(outcome, document, request):
+                if self._commit(outcome, document, request, seen):
                     return document
             raise _Lost(outcome.candidate.label or BARE)
 
@@ -271,14 +272,18 @@ class Store:
         chosen: Plan,
         document: Mapping[str, Any],
         request: PlacementRequest | None = None,
+        seen: tuple[int, int] | None = None,
     ) -> bool:
-        """True when committed; False when the pool changed or a device was taken meanwhile."""
+        """True when committed; False when the pool changed or a device was taken meanwhile.
+        ``seen``: the versions the plan was made on (when nothing changed since, the planned
+        rows need no second look)."""
         asked = None if request is None else json.dumps(request.to_json())
 
         def change() -> None:
             with self.cache.committing(self.rows.write("recording a placement")) as commit:
                 conn = commit.conn
-                rows.check_plan(conn, chosen)
+                if seen is None or not rows.unchanged_since(conn, seen):
+                    rows.check_plan(conn, chosen)
                 rows.insert_placement(conn, document, asked, self.clock())
                 taken = rows.take(conn, document["id"], chosen)
                 version = rows.bump_allocations(conn)  # last: the row stays locked
