@@ -42,9 +42,20 @@ def read_providers_file(path: str | Path) -> HostReport:
     ``providers --devices --json`` prints), which also describes each device."""
     what = f"providers file {str(path)!r}"
     data = read_json_file(path, what)
-    if isinstance(data, dict) and set(data) <= {"host", "devices", "sources"} and "host" in data:
+    if _is_report(data):
         return HostReport.from_json(data, what)
     return HostReport(parse_supported_lists(data, what), sources={"*": f"providers file {path}"})
+
+
+def _is_report(data: object) -> bool:
+    """``{"host": {ns: {feature: [...]}}, "devices": ...}`` rather than a flat document (whose
+    namespace could be called ``host``, but then maps features to lists, not to objects)."""
+    if not isinstance(data, dict) or "host" not in data:
+        return False
+    if not set(data) <= {"host", "devices", "sources"}:
+        return False
+    host = data["host"]
+    return isinstance(host, dict) and all(isinstance(v, dict) for v in host.values())
 
 
 def _detect_cached(enabled: Sequence[str], env: Mapping[str, str]) -> HostReport:
