@@ -1,0 +1,251 @@
+"""deploy/: the Kubernetes manifests validate against every Kubernetes version supported here
+and hang together (selectors, ports, probes, Secrets, one version of the images); the agent
+DaemonSet follows the host-root convention; every option the manifests and systemd units pass
+is one the program has; the units pass systemd-analyze verify; the containerd example is what
+`k8s containerd-hosts` writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from docker_variant import __version__
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOY = REPO / "deploy"
+KUBERNETES = ("1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0")
+BIN = Path(sys.executable).parent
+UNITS = [
+    DEPLOY / "systemd/variant-proxy.service",
+    DEPLOY / "systemd/variant-scheduler.service",
+    REPO / "examples/systemd/variant-scheduler-agent.service",
+]
+
+
+def _documents(pattern: str) -> list[dict[str, Any]]:
+    found = []
+    for path in sorted((DEPLOY / "kubernetes").glob(pattern)):
+        found += [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    return found
+
+
+MANIFESTS = _documents("*.yaml")
+SECRETS = _documents("example-secrets/*.yaml")
+
+
+def _kind(kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in MANIFESTS if d["kind"] == kind}
+
+
+def _workloads() -> Iterator[tuple[str, dict[str, Any]]]:
+    for kind in ("Deployment", "DaemonSet"):
+        for name, document in _kind(kind).items():
+            yield name, document["spec"]["template"]
+
+
+def _containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]
+
+
+@pytest.mark.parametrize("version", KUBERNETES)
+def test_manifests_validate(version: str) -> None:
+    assert {d["kind"] for d in MANIFESTS} >= {"Namespace", "Deployment", "DaemonSet", "Service",
+        "PodDisruptionBudget", "NetworkPolicy", "ConfigMap"}  # fmt: skip
+    for document in MANIFESTS + SECRETS:
+        kubernetes_validate.validate(document, version, strict=True)
+
+
+def test_every_document_is_in_the_namespace() -> None:
+    for document in MANIFESTS + SECRETS:
+        if document["kind"] != "Namespace":
+            assert document["metadata"]["namespace"] == "docker-variant", document["metadata"]
+
+
+def test_agent_daemonset_reads_the_host_under_its_host_root() -> None:
+    """The agent reads DIR/sys/... with --host-root DIR: the host's /sys must be mounted,
+    read-only, at DIR/sys, in every container that detects (the agent and the init container
+    writing containerd's hosts.toml)."""
+    pod = _kind("DaemonSet")["variant-agent"]["spec"]["template"]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    for container in _containers(pod):
+        argv = [*container.get("command", []), *container.get("args", [])]
+        roots = [a.split("=", 1)[1] for a in argv if a.startswith("--host-root=")]
+        assert roots == ["/host"], (container["name"], argv)
+        host_mounts = {
+            volumes[m["name"]]["hostPath"]["path"]: m
+            for m in container["volumeMounts"]
+            if "hostPath" in volumes[m["name"]]
+        }
+        assert "/sys" in host_mounts, container["name"]
+        for host_path, mount in host_mounts.items():
+            assert mount["mountPath"] == roots[0] + host_path, (container["name"], mount)
+        assert host_mounts["/sys"].get("readOnly") is True
+        assert volumes[host_mounts["/sys"]["name"]]["hostPath"]["type"] == "Directory"
+    agent = pod["spec"]["containers"][0]
+    assert agent["securityContext"]["runAsNonRoot"] is True
+    assert "--agent-id=$(NODE_NAME)" in agent["args"]
+    node_name = next(e for e in agent["env"] if e["name"] == "NODE_NAME")
+    assert node_name["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+def test_images_are_this_version() -> None:
+    for name, pod in _workloads():
+        for container in _containers(pod):
+            image = container["image"]
+            if image.startswith("docker-variant/"):
+                assert image.endswith(f":{__version__}"), (name, image)
+
+
+def test_services_probes_and_budgets_match_their_pods() -> None:
+    pods = dict(_workloads())
+    for name, service in _kind("Service").items():
+        matched = [
+            p
+            for p in pods.values()
+            if service["spec"]["selector"].items() <= p["metadata"]["labels"].items()
+        ]
+        assert len(matched) == 1, name
+        ports = {p["name"] for c in matched[0]["spec"]["containers"] for p in c.get("ports", [])}
+        assert {p["targetPort"] for p in service["spec"]["ports"]} <= ports, name
+    for name in ("variant-proxy", "variant-scheduler"):
+        container = pods[name]["spec"]["containers"][0]
+        for probe in ("livenessProbe", "readinessProbe"):
+            assert container[probe]["httpGet"]["path"].startswith("/healthz"), (name, probe)
+            assert container[probe]["httpGet"]["scheme"] == "HTTPS"  # served with --tls-cert
+        assert any(a.startswith("--tls-cert=") for a in container["args"])
+        budget = _kind("PodDisruptionBudget")[name]
+        labels = pods[name]["metadata"]["labels"]
+        assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        assert budget["spec"]["minAvailable"] < _kind("Deployment")[name]["spec"]["replicas"]
+
+
+def test_network_policies_deny_by_default_and_keep_redis_to_the_proxies() -> None:
+    policies = _kind("NetworkPolicy")
+    deny = policies["default-deny-ingress"]["spec"]
+    assert deny["podSelector"] == {} and "ingress" not in deny
+    redis = policies["variant-proxy-redis"]["spec"]
+    assert redis["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "variant-proxy-redis"}
+    (rule,) = redis["ingress"]
+    assert rule["from"] == [
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "variant-proxy"}}}
+    ]
+    assert redis["egress"] == []
+
+
+def test_secrets_and_config_maps_the_pods_use_exist() -> None:
+    secrets = {s["metadata"]["name"]: s for s in SECRETS}
+    config_maps = _kind("ConfigMap")
+    for name, pod in _workloads():
+        wanted: list[tuple[str, str | None]] = []
+        for volume in pod["spec"]["volumes"]:
+            if "secret" in volume:
+                keys = [i["key"] for i in volume["secret"].get("items", [])]
+                wanted += [(volume["secret"]["secretName"], k) for k in keys or [None]]
+            if "configMap" in volume:
+                assert volume["configMap"]["name"] in config_maps, (name, volume)
+        for container in _containers(pod):
+            for env in container.get("env", []):
+                if ref := env.get("valueFrom", {}).get("secretKeyRef"):
+                    wanted.append((ref["name"], ref["key"]))
+        for secret, key in wanted:
+            if secret.endswith("-tls"):  # kubectl create secret tls, as the example says
+                continue
+            assert secret in secrets, (name, secret)
+            assert key is None or key in secrets[secret]["stringData"], (name, secret, key)
+
+
+def _options(*argv: str) -> set[str]:
+    """The long options a program's --help lists (rich or argparse)."""
+    env = {**os.environ, "COLUMNS": "200"}
+    result = subprocess.run(argv, capture_output=True, text=True, env=env, check=True)
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", result.stdout))
+
+
+def _given(argv: list[str]) -> set[str]:
+    return {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+
+
+def test_every_option_the_manifests_pass_exists() -> None:
+    programs = {
+        "variant-proxy": _options(str(BIN / "variant-proxy"), "--help"),
+        "variant-scheduler serve": _options(str(BIN / "variant-scheduler"), "serve", "--help"),
+        "variant-scheduler agent": _options(str(BIN / "variant-scheduler"), "agent", "--help"),
+    }
+    entrypoints = {"variant-proxy": "variant-proxy", "variant-scheduler": "variant-scheduler serve",
+                   "variant-agent": "variant-scheduler agent"}  # fmt: skip
+    for name, pod in _workloads():
+        for container in pod["spec"]["containers"]:
+            image = container["image"].split("/")[-1].split(":")[0]
+            if image in entrypoints:
+                missing = _given(container["args"]) - programs[entrypoints[image]]
+                assert not missing, (name, missing)
+    init = _kind("DaemonSet")["variant-agent"]["spec"]["template"]["spec"]["initContainers"][0]
+    command = init["command"]
+    assert command[0] == "docker-variant" and command[2:4] == ["k8s", "containerd-hosts"]
+    known = _options(str(BIN / "docker-variant"), "--help") | _options(
+        str(BIN / "docker-variant"), "k8s", "containerd-hosts", "--help"
+    )
+    assert not _given(command) - known
+
+
+def _exec_argv(unit: Path) -> list[str]:
+    text = unit.read_text().replace("\\\n", " ")
+    line = next(x for x in text.splitlines() if x.startswith("ExecStart="))
+    return line.removeprefix("ExecStart=").split()
+
+
+def test_every_option_the_units_pass_exists() -> None:
+    for unit in UNITS:
+        argv = _exec_argv(unit)
+        program = [
+            Path(argv[0]).name,
+            *([argv[1]] if Path(argv[0]).name == "variant-scheduler" else []),
+        ]
+        known = _options(str(BIN / program[0]), *program[1:], "--help")
+        assert not _given(argv) - known, unit
+
+
+@pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None,
+    reason="systemd-analyze is not installed (scripts/setup installs systemd)",
+)
+def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
+    """Each unit verified with its ExecStart pointing at this venv (the units name
+    /opt/docker-variant/.venv, which verify requires to exist); any warning fails."""
+    for unit in UNITS:
+        copy = tmp_path / unit.name
+        copy.write_text(unit.read_text().replace("/opt/docker-variant/.venv/bin/", f"{BIN}/"))
+        result = subprocess.run(
+            ["systemd-analyze", "verify", "--man=no", str(copy)], capture_output=True, text=True
+        )
+        output = [
+            line for line in (result.stdout + result.stderr).splitlines() if unit.name in line
+        ]
+        assert result.returncode == 0 and not output, (unit.name, result.stdout + result.stderr)
+
+
+def test_containerd_example_is_what_containerd_hosts_writes() -> None:
+    example = (DEPLOY / "containerd/hosts.toml.example").read_text()
+    result = subprocess.run(
+        [str(BIN / "docker-variant"), "k8s", "containerd-hosts", "registry.example.internal",
+         "--server", "https://variant-proxy.example.internal:5080",
+         "--providers-file", str(REPO / "examples/hosts/h200-r570.json")],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert result.stdout == example
+    hosts = tomllib.loads(example)
+    header = hosts["host"]["https://variant-proxy.example.internal:5080"]["header"]
+    lists = json.loads(header["X-Variant-Properties"])
+    assert lists == json.loads((REPO / "examples/hosts/h200-r570.json").read_text())
