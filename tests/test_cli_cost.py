@@ -7,9 +7,12 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
+import shutil
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +28,8 @@ from imaging import ImageBuilder, variant_labels
 from test_cli_offline import H200, INDEX
 
 # Runs the console script's entry (as `docker-variant ARGS`) and, at exit, writes the modules
-# it loaded and, with SPY_TLS set, each time a TLS context read certificates.
+# it loaded, the garbage collector's state and the collections before the CLI was loaded
+# and, with SPY_TLS set, each time a TLS context read certificates.
 _WRAPPER = """
 import atexit, json, os, sys
 record = {"trust_loads": []}
@@ -37,13 +41,23 @@ if os.environ.get("SPY_TLS"):
             return _original(self, *args, **kwargs)
         setattr(ssl.SSLContext, name, spy)
 
+import gc
+record["startup_collections"] = 0
+def count(phase, info, _frozen=gc.get_freeze_count):
+    if phase == "start" and record.get("in_main") and _frozen() == 0:
+        record["startup_collections"] += 1
+gc.callbacks.append(count)
+
 @atexit.register
 def dump():
     record["modules"] = sorted(n for n, m in sys.modules.items() if m is not None)
+    record["frozen"] = gc.get_freeze_count()
+    record["gc_enabled"] = gc.isenabled()
     with open(os.environ["COST_RECORD"], "w") as handle:
         json.dump(record, handle)
 
 from docker_variant.entry import main
+record["in_main"] = True
 main(sys.argv[1:])
 """
 
@@ -107,6 +121,10 @@ def test_resolve_with_an_index_loads_no_help_renderer_k8s_oci_or_tls(
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "1.0.0-cu128\n", "")
     assert loaded(record, _NOT_FOR_RESOLVE) == []
+    # no collection while the CLI loaded; what it made was frozen, and collection is back on
+    # (the exit handlers ran: this record is written by one)
+    assert record["startup_collections"] == 0
+    assert record["frozen"] > 10_000 and record["gc_enabled"] is True
     # the same command, as Docker runs the plugin
     done, record = run_entry(
         tmp_path, "variant", "resolve", "--index", files["index"], "--providers-file", files["h200"]
@@ -273,3 +291,81 @@ def test_the_deferred_trust_store_is_read_at_the_first_handshake_and_verifies(
     for _ in range(2):
         assert httpx.get(url, verify=deferred).text == "ok"
     assert trust_loads.count("load_default_certs") == 2  # once per context, not per handshake
+
+
+# `pull`: one HTTP stack (httpx's sync client, for the engine and the registry alike), no
+# rich unless stderr is a terminal, no engine client for --dry-run.
+_NOT_FOR_A_PIPED_PULL = (
+    "rich",
+    "rich.console",
+    "rich.progress",
+    "docker_variant.docker.progress",
+    "asyncio",
+    "anyio._backends._asyncio",  # httpcore's async backend: the second HTTP stack
+    "typer.rich_utils",
+)
+_NOT_FOR_A_DRY_RUN = (*_NOT_FOR_A_PIPED_PULL, "docker_variant.docker.engine")
+
+
+def test_pull_dry_run_with_an_index_loads_no_http_engine_or_rich(
+    tmp_path: Path, files: dict[str, str]
+) -> None:
+    done, record = run_entry(
+        tmp_path,
+        "variant",
+        "pull",
+        "--dry-run",
+        "--index",
+        files["index"],
+        "--providers-file",
+        files["h200"],
+        "127.0.0.1:1/cost/app:1.0.0",
+        env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"},  # never asked
+    )
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert done.stdout == 'Selected variant "cu128" of 127.0.0.1:1/cost/app version 1.0.0\n'
+    assert loaded(record, (*_NOT_FOR_A_DRY_RUN, "httpx", "docker_variant.oci.client")) == []
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[str]:
+    """A private Docker engine: its ``DOCKER_HOST``."""
+    root = Path(tempfile.mkdtemp(prefix="dv-cost-", dir="/tmp"))  # socket paths are short
+    service = devstack.start_dockerd(root / "engine")
+    try:
+        yield service.address
+    finally:
+        service.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_pull_to_a_pipe_loads_one_http_stack_and_no_rich(
+    tmp_path: Path, registry: RunningRegistry, image_builder: ImageBuilder, engine: str
+) -> None:
+    ref = f"{registry.host}/cost/pulled:1.0.0"
+    image_builder.build_and_push(
+        f"{ref}-cu128", variant_labels("cu128", nvidia__cuda_version_lower_bound="12.8")
+    )
+    image_builder.build_and_push(f"{ref}-v3", variant_labels("v3", x86_64__level="v3"))
+    published, _ = run_entry(tmp_path, "publish", ref)  # one variant image index at 1.0.0
+    assert published.returncode == 0, published.stderr
+    env = {"DOCKER_HOST": engine, "DOCKER_CONFIG": str(tmp_path / "docker-config")}
+    pull = ("variant", "pull", "--providers-file", _h200(tmp_path), ref)
+
+    dry, record = run_entry(tmp_path, *pull[:2], "--dry-run", *pull[2:], env=env)
+    assert (dry.returncode, dry.stderr) == (0, ""), dry.stderr
+    assert loaded(record, _NOT_FOR_A_DRY_RUN) == []
+    assert "httpx" in record["modules"]  # it read the registry
+
+    stderr = []
+    for _ in ("downloaded", "present"):
+        done, record = run_entry(tmp_path, *pull, env=env)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == f'Selected variant "cu128" of {ref.rsplit(":", 1)[0]} version 1.0.0\n'
+        assert loaded(record, _NOT_FOR_A_PIPED_PULL) == []
+        assert "docker_variant.docker.engine" in record["modules"]
+        stderr.append(done.stderr)
+    # a pipe gets one plain line per layer pulled (no bars), and none for a present image
+    lines = stderr[0].splitlines()
+    assert lines and all(re.fullmatch(r"pull [0-9a-f]{12}: Pull complete", x) for x in lines)
+    assert stderr[1] == ""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from docker_variant.safetext import safe_text
@@ -12,7 +15,14 @@ from docker_variant.safetext import safe_text
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["emit_json", "stderr_console", "stdout_console", "warn"]
+__all__ = [
+    "emit_json",
+    "layer_progress",
+    "stderr_console",
+    "stderr_is_terminal",
+    "stdout_console",
+    "warn",
+]
 
 
 @functools.cache
@@ -39,3 +49,35 @@ def emit_json(data: Any) -> None:
 def warn(message: str) -> None:
     """One line on stderr; ``message`` may quote outside text (shown safely)."""
     sys.stderr.write(f"docker-variant: warning: {safe_text(message, markup=False)}\n")
+
+
+def stderr_is_terminal() -> bool:
+    """Whether stderr is a terminal, decided as rich decides it (``TTY_COMPATIBLE``, then
+    ``FORCE_COLOR``, then the file), without importing rich."""
+    compatible = os.environ.get("TTY_COMPATIBLE", "")
+    if compatible in ("0", "1"):
+        return compatible == "1"
+    forced = os.environ.get("FORCE_COLOR")
+    if forced is not None:
+        return forced != ""
+    try:
+        return sys.stderr.isatty()
+    except ValueError:  # closed
+        return False
+
+
+def layer_progress(
+    action: str, *, shown: bool = True
+) -> contextlib.AbstractContextManager[Callable[[dict[str, Any]], None]]:
+    """What takes the engine's events of a pull or push: rich bars on a terminal; in a log
+    or pipe, one plain line per layer when it is done (no rich loaded); nothing when not
+    ``shown`` (``--json``)."""
+    if not shown:
+        return contextlib.nullcontext(lambda event: None)
+    if stderr_is_terminal():
+        from docker_variant.docker.progress import LayerProgress
+
+        return LayerProgress(action, console=stderr_console())
+    from docker_variant.docker.events import LayerLines
+
+    return LayerLines(action, sys.stderr)

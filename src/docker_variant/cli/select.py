@@ -20,7 +20,7 @@ from docker_variant.cli.options import (
     ProvidersFileOpt,
     command_options,
 )
-from docker_variant.cli.output import emit_json, stderr_console, stdout_console
+from docker_variant.cli.output import emit_json, layer_progress, stderr_console, stdout_console
 from docker_variant.errors import InvalidInputError
 from docker_variant.oci.reference import Reference
 from docker_variant.render import selection_json, selection_table
@@ -197,14 +197,17 @@ def pull(
     descriptors: DescriptorsOpt = None,
 ) -> None:
     """Pull the best variant of REF for this host and tag it as REF and as its own tag."""
-    from docker_variant.docker import Engine, LayerProgress, pull_candidate
     from docker_variant.oci.reference import parse_reference
 
     opts = command_options(ctx, json_, providers_file, enable, host_root, descriptors)
     reference = parse_reference(ref)
     if reference.tag is None or reference.digest is not None:
         raise InvalidInputError(f"{ref}: pull needs registry/name:version (a tag, no digest)")
-    engine = None if dry_run else Engine()
+    engine = None
+    if not dry_run:  # the engine client only when there is something to pull
+        from docker_variant.docker.engine import Engine
+
+        engine = Engine()
     try:
         if engine is not None:
             engine.ping()  # fail fast, before any registry traffic
@@ -219,7 +222,9 @@ def pull(
         message = _chosen_message(best, reference)
         result = None
         if engine is not None:
-            with LayerProgress("pull", console=stderr_console(), enabled=not opts.json) as progress:
+            from docker_variant.docker.ops import pull_candidate
+
+            with layer_progress("pull", shown=not opts.json) as progress:
                 result = pull_candidate(engine, reference, best, progress)
     finally:
         if engine is not None:

@@ -1,13 +1,50 @@
-"""The Docker engine side of ``docker variant pull`` and ``push``."""
+"""The Docker engine side of ``docker variant pull`` and ``push``.
 
-from docker_variant.docker.engine import Engine, EngineError, engine_host
-from docker_variant.docker.ops import PullResult, check_push_labels, pull_candidate, push_image
-from docker_variant.docker.progress import BuildProgress, LayerProgress
+- ``engine``: the Engine API client (httpx over the engine's socket);
+- ``ops``: pull and push around engine calls (selection, label checks, tags);
+- ``events``: what the engine's pull and push events say, and plain lines of them;
+- ``progress``: rich progress bars of those events, for a terminal;
+- ``context``: a build context as a tar archive.
+
+Nothing is imported until it is asked for (PEP 562): ``pull --dry-run`` needs no engine
+client, and a pull whose output is a pipe needs no rich.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from docker_variant.docker.engine import Engine, EngineError, engine_host
+    from docker_variant.docker.events import LayerLines
+    from docker_variant.docker.ops import (
+        PullResult,
+        check_push_labels,
+        pull_candidate,
+        push_image,
+    )
+    from docker_variant.docker.progress import BuildProgress, LayerProgress
+
+# Each public name and the module that defines it.
+_HOMES = {
+    "BuildProgress": "progress",
+    "Engine": "engine",
+    "EngineError": "engine",
+    "LayerLines": "events",
+    "LayerProgress": "progress",
+    "PullResult": "ops",
+    "check_push_labels": "ops",
+    "engine_host": "engine",
+    "pull_candidate": "ops",
+    "push_image": "ops",
+}
 
 __all__ = [
     "BuildProgress",
     "Engine",
     "EngineError",
+    "LayerLines",
     "LayerProgress",
     "PullResult",
     "check_push_labels",
@@ -15,3 +52,12 @@ __all__ = [
     "pull_candidate",
     "push_image",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # asked once
+    return value

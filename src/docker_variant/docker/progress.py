@@ -20,14 +20,13 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from docker_variant.docker.events import HEADER_STATUSES, is_done, layer_status
 from docker_variant.safetext import safe_text
 
 __all__ = ["PROGRESS_FROM", "BuildProgress", "LayerProgress", "RichMeter"]
 
 #: Below this an image reads in about a second: no progress bar (``RichMeter``).
 PROGRESS_FROM = 64 << 20
-
-_DONE = {"Pull complete", "Already exists", "Pushed", "Layer already exists", "Mounted from"}
 
 
 class _Bars:
@@ -76,16 +75,16 @@ class LayerProgress(_Bars):
 
     def __call__(self, event: dict[str, Any]) -> None:
         self.events.append(event)
-        layer = event.get("id")
-        status = str(event.get("status", ""))
-        shown = safe_text(status, markup=True)  # the engine relays registry text
-        if not layer or (":" in str(layer) and not status):
+        found = layer_status(event)
+        if found is None:
             return
+        layer, status = found
+        shown = safe_text(status, markup=True)  # the engine relays registry text
         if layer not in self._tasks:
-            if status.startswith(("Pulling from", "The push refers to")):
+            if status.startswith(HEADER_STATUSES):
                 return
             self._tasks[layer] = self._progress.add_task(
-                safe_text(f"{self.action} {str(layer)[:12]}", markup=True),
+                safe_text(f"{self.action} {layer[:12]}", markup=True),
                 total=None,
                 status=shown,
                 sized=False,
@@ -95,7 +94,7 @@ class LayerProgress(_Bars):
         total, current = detail.get("total"), detail.get("current")
         if isinstance(total, int) and total > 0 and isinstance(current, int):
             self._progress.update(task, total=total, completed=current, status=shown, sized=True)
-        elif any(status.startswith(done) for done in _DONE):
+        elif is_done(status):
             known = self._progress.tasks[task].total
             self._progress.update(task, total=known or 1, completed=known or 1, status=shown)
         else:
