@@ -464,7 +464,7 @@ HUGE = "1" * 5000  # past Python's int-string limit (4,300 digits)
 
 
 def _with_value(namespace: str, feature: str, value: str) -> dict[str, Any]:
-    index = json.loads(json.dumps(INDEX))
+    index: dict[str, Any] = json.loads(json.dumps(INDEX))
     index["variants"]["cu128"][namespace] = {feature: [value]}
     return index
 

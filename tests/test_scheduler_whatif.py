@@ -8,7 +8,11 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 import random
+import signal
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +22,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+import devstack
 from conftest import RunningRegistry
 from docker_variant.scheduler import Store
 from docker_variant.scheduler.__main__ import main
@@ -506,6 +511,49 @@ def test_what_if_stops_at_its_deadline_counted_in_plans() -> None:
         )
     ample = what_if(question.request.index, question.request, build_pool([]), question.templates)
     assert len(ample.options) == 64
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU the process has used (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_server_busy_with_a_what_if_stops_on_sigterm(tmp_path: Path) -> None:
+    """64 templates of 10,000 nodes x 26 GPUs (about a minute of planning without a bound):
+    once the server is seen planning (its CPU time grows), SIGTERM stops it, cleanly, as soon
+    as the question reaches its deadline, which it answers in one line."""
+    scheduler = devstack.start_scheduler(tmp_path)
+    try:
+        request = {"index": gpu_only_index(), "nodes": 10_000, "devices_per_node": 26}
+        body = {
+            "request": request,
+            "templates": [template(f"t{i}", H200_R570, 26) for i in range(64)],
+        }
+        answers: list[httpx.Response | Exception] = []
+
+        def ask() -> None:
+            try:
+                answers.append(httpx.post(f"{scheduler.url}/v1/what-if", json=body, timeout=300))
+            except httpx.HTTPError as exc:
+                answers.append(exc)
+
+        before = _cpu_seconds(scheduler.process.pid)
+        asking = threading.Thread(target=ask)
+        asking.start()
+        while _cpu_seconds(scheduler.process.pid) < before + 2 and not answers:
+            time.sleep(0.05)  # polling the process's CPU counter: nothing to await
+        scheduler.process.send_signal(signal.SIGTERM)
+        # uvicorn finishes the request in flight, then re-raises the signal it caught
+        assert scheduler.process.wait(timeout=120) in (0, -signal.SIGTERM)
+        asking.join(timeout=120)
+    finally:
+        scheduler.stop()
+    assert len(answers) == 1
+    answer = answers[0]
+    assert isinstance(answer, httpx.Response), answer
+    assert answer.status_code == 400, answer.text
+    assert "deadline of 10 s of planning" in error_message(answer)
 
 
 def test_what_if_takes_the_placement_token_rules(tmp_path: Path) -> None:
