@@ -1,13 +1,28 @@
-"""docker-variant: PEP 817/825 variants for container images.
+"""docker-variant: PEP 817/825 variants for container images and schedulers.
 
-Layers, each importing only the ones above it in this list:
+The package map, bottom first. Each layer imports only its own layer and those below it
+(``tests/test_layers.py`` keeps it so):
 
-- ``variant``   the model: properties, image labels, index documents, ordering, selection
-- ``providers`` what this host (and each of its devices) supports
-- ``oci``       a registry client and the client-side index scan
-- ``proxy``     ``variant-proxy``, the registry proxy with the ``_variants`` API
-- ``docker``    the Docker engine side of ``docker variant pull/push``
-- ``cli``       the ``docker-variant`` command line and Docker CLI plugin
+- base rules every layer may use: ``errors`` (one exception tree, each error with its exit
+  code), ``numbers``, ``jsondoc`` and ``tomldoc`` (bounded readers of untrusted numbers, JSON
+  and TOML), ``safetext`` (untrusted text made safe to print), ``retry`` (jittered backoff),
+  ``localcache``, ``openapi`` (the servers' API documents), and the pure wire rules of
+  ``oci``: ``oci.grammar``, ``oci.mediatypes``, ``oci.errcode``
+- ``vendors``   one module per accelerator vendor: value grammar and order, what runs where,
+  product names, DRA attributes (NVIDIA, AMD, descriptor namespaces)
+- ``variant``   the model on variantlib: properties, labels, index documents, ordering, selection
+- ``providers`` what this host and each of its devices supports (CPU plugins, NVML, KFD
+  sysfs, device descriptors, ``--gpus``)
+- ``oci``       the registry client (one HTTP client factory), the scan and the image index
+- ``docker``    the Docker engine: pull, push, tag, build, events
+- ``contents``  what an image's binaries need: tar, ELF, fatbin and offload parsers
+- ``publish`` and ``k8s``: the matrix build and the variant image index; DRA claims, node
+  labels and containerd hosts files
+- ``server``    what both servers share: bounded bodies, options, TLS, logs, OCI error bodies
+- ``proxy`` and ``scheduler``: ``variant-proxy`` and ``variant-scheduler`` (which never detects)
+- ``agent``     the node agent: a scheduler client on top of ``providers``
+- commands: ``cli`` and ``render`` (``docker-variant`` and the Docker CLI plugin), ``entry``,
+  and the servers' ``__main__`` modules
 """
 
 __version__ = "0.1.0"

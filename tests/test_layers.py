@@ -1,0 +1,113 @@
+"""The package map holds: every module imports only modules of its own layer or below.
+
+The layers are the ones ``docker_variant/__init__.py`` draws; a module is placed by its
+longest matching prefix. Imports inside functions and under ``TYPE_CHECKING`` count too:
+an upward arrow is one whether or not it runs at import time.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import docker_variant
+
+PACKAGE = Path(docker_variant.__file__).parent
+
+# Bottom first. Within a layer, modules may import each other.
+LAYERS: list[tuple[str, ...]] = [
+    # pure rules every layer may use: errors, bounded readers, the wire grammar
+    (
+        "errors",
+        "numbers",
+        "jsondoc",
+        "tomldoc",
+        "safetext",
+        "retry",
+        "localcache",
+        "openapi",
+        "oci.grammar",
+        "oci.mediatypes",
+        "oci.errcode",
+    ),
+    ("vendors",),
+    ("variant",),
+    ("providers",),
+    ("oci",),
+    ("docker",),
+    ("contents",),
+    ("publish", "k8s"),
+    ("server",),
+    ("proxy", "scheduler"),
+    ("agent",),
+    # commands: they wire everything below into a process
+    ("render", "cli", "entry", "__main__", "scheduler.__main__", "proxy.__main__"),
+]
+
+
+def layer_of(module: str) -> int:
+    best, best_len = -1, -1
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = index, len(prefix)
+    assert best >= 0, f"docker_variant.{module} is in no layer of the package map"
+    return best
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def imported(tree: ast.AST) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.startswith("docker_variant."):
+                base = node.module.removeprefix("docker_variant.")
+                found.add(base)
+            elif node.module == "docker_variant":
+                # the package root's own names (__version__) are not a layer
+                found.update(a.name for a in node.names if not a.name.startswith("__"))
+        elif isinstance(node, ast.Import):
+            found.update(
+                alias.name.removeprefix("docker_variant.")
+                for alias in node.names
+                if alias.name.startswith("docker_variant.")
+            )
+    return found
+
+
+def test_every_import_points_down_the_package_map() -> None:
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = module_name(path)
+        if not module:
+            continue  # the package's own __init__: it imports nothing
+        own = layer_of(module)
+        for target in imported(ast.parse(path.read_text(encoding="utf-8"))):
+            if layer_of(target) > own:
+                upward.append(f"{module} -> {target}")
+    assert upward == []
+
+
+def test_the_scheduler_server_never_detects() -> None:
+    """Detection is the node agent's job: the server's modules never import providers/ or
+    the agent (only ``variant-scheduler``'s command wiring starts the agent)."""
+    offenders = []
+    for path in sorted((PACKAGE / "scheduler").rglob("*.py")):
+        if path.name == "__main__.py":
+            continue
+        for target in imported(ast.parse(path.read_text(encoding="utf-8"))):
+            if target.split(".")[0] in {"providers", "agent"}:
+                offenders.append(f"{module_name(path)} -> {target}")
+    assert offenders == []
+
+
+def test_the_map_in_the_package_docstring_names_every_package() -> None:
+    doc = docker_variant.__doc__ or ""
+    packages = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
+    missing = [name for name in packages if f"``{name}``" not in doc]
+    assert missing == []
