@@ -1,0 +1,121 @@
+"""The documentation stays with the code: the README is short and starts with the two set-up
+commands; nothing points outside the repository; every page a message names exists; every
+command, option and route is documented (and every route is in the OpenAPI documents)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from docker_variant import openapi
+from docker_variant.proxy import create_app as proxy_app
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
+BIN = Path(sys.executable).parent
+TEXT = (".py", ".md", ".html", ".toml", ".json", ".yml", ".yaml")
+
+
+def _texts(*roots: Path) -> list[Path]:
+    found = []
+    for root in roots:
+        paths = [root] if root.is_file() else sorted(root.rglob("*"))
+        found += [p for p in paths if p.suffix in TEXT and "__pycache__" not in p.parts]
+    return found
+
+
+def _help(*argv: str) -> str:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run(argv, capture_output=True, text=True, env=env, check=True).stdout
+
+
+def test_readme_is_short_and_starts_with_the_two_set_up_commands() -> None:
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 150
+    first_block = "\n".join(lines[: lines.index("```", lines.index("```sh") + 1)])
+    assert "bash scripts/demo" in first_block and "bash scripts/test" in first_block
+    assert (REPO / "scripts/demo").is_file() and (REPO / "scripts/test").is_file()
+    for target in re.findall(r"\]\((docs/[^)#]+)", "\n".join(lines)):
+        assert (REPO / target).is_file(), target
+
+
+def test_nothing_points_outside_the_repository() -> None:
+    outside = re.compile(r"SPEC section|SPEC\.md|\bSPEC \d|shared/")
+    for path in _texts(REPO / "src", DOCS, REPO / "README.md", REPO / "bench/README.md"):
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            assert not outside.search(line), f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+
+
+def test_every_docs_page_the_code_names_exists() -> None:
+    named = re.compile(r"docs(?:/|: )reference/([a-z-]+)(?:\.md)?")
+    for path in _texts(REPO / "src"):
+        for page in named.findall(path.read_text()):
+            assert (DOCS / "reference" / f"{page}.md").is_file(), (path, page)
+
+
+def _commands(help_text: str) -> list[str]:
+    """The commands a typer or argparse --help lists."""
+    table = help_text.split("Commands", 1)[1] if "Commands" in help_text else help_text
+    return re.findall(r"^(?:│ |    )([a-z][a-z0-9-]+)\s{2,}", table, re.MULTILINE)
+
+
+def test_every_command_and_option_is_in_the_cli_reference() -> None:
+    reference = (DOCS / "reference/cli.md").read_text()
+    commands = _commands(_help(str(BIN / "docker-variant"), "--help"))
+    assert {"providers", "pull", "publish", "k8s"} <= set(commands)
+    for command in commands:
+        assert f"`{command}" in reference, command
+    for command in _commands(_help(str(BIN / "docker-variant"), "k8s", "--help")):
+        assert f"`k8s {command}" in reference, command
+    programs = [("variant-proxy",), ("variant-scheduler", "serve"), ("variant-scheduler", "agent"),
+                ("variant-scheduler", "what-if"), ("docker-variant",)]  # fmt: skip
+    for program in programs:
+        text = _help(str(BIN / program[0]), *program[1:], "--help")
+        for option in set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]+", text)) - {"--help"}:
+            assert re.search(rf"{option}(?![a-z0-9-])", reference), (program, option)
+
+
+def _scheduler_routes() -> set[tuple[str, str]]:
+    from docker_variant.scheduler.app import create_app
+
+    app = create_app(store=None)  # type: ignore[arg-type]  # routes only: nothing is called
+    return {
+        (route.path, method)
+        for route in app.routes
+        for method in getattr(route, "methods", None) or ()
+        if method != "HEAD"
+    }
+
+
+def test_every_scheduler_route_is_documented() -> None:
+    document = json.loads(openapi.document("scheduler"))
+    page = (DOCS / "reference/scheduler-api.md").read_text()
+    routes = _scheduler_routes()
+    assert ("/v1/placements/{placement_id}/replace", "POST") in routes
+    for path, method in routes:
+        if path == "/ui":  # HTML for browsers, not an API
+            continue
+        assert method.lower() in document["paths"].get(path, {}), (method, path)
+        shown = re.sub(r"\{[a-z_]+\}", "{id}", path).replace("{id}", r"\{[a-z_]+\}")
+        assert re.search(rf"`{method} {shown}", page) or re.search(rf"`{shown}", page), path
+    documented = {
+        (p, m.upper()) for p, ops in document["paths"].items() for m in ops if m != "parameters"
+    }
+    assert documented <= routes
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/metrics", "/_notify", "/openapi.json"])
+def test_every_proxy_route_of_its_own_is_documented(path: str) -> None:
+    app = proxy_app("http://127.0.0.1:1")
+    assert path in {getattr(route, "path", None) for route in app.routes}
+    assert path in json.loads(openapi.document("proxy"))["paths"]
+    assert (
+        f"`{path}" in (DOCS / "reference/proxy-api.md").read_text()
+        or f"{path}`" in (DOCS / "reference/proxy-api.md").read_text()
+    )

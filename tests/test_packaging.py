@@ -1,0 +1,46 @@
+"""One version, single-sourced, and a wheel that holds every file the package reads
+(scripts/wheel-smoke builds and installs the wheel itself; these are the fast checks)."""
+
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from importlib.metadata import metadata, version
+from pathlib import Path
+
+import docker_variant
+
+REPO = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+PACKAGE = REPO / "src/docker_variant"
+
+
+def test_the_version_has_one_home() -> None:
+    project = PYPROJECT["project"]
+    assert "version" not in project and "version" in project["dynamic"]
+    dynamic = PYPROJECT["tool"]["setuptools"]["dynamic"]["version"]
+    assert dynamic == {"attr": "docker_variant.__version__"}
+    assert version("docker-variant") == docker_variant.__version__
+
+
+def test_every_data_file_of_the_package_is_package_data() -> None:
+    patterns = PYPROJECT["tool"]["setuptools"]["package-data"]["docker_variant"]
+    data = [
+        path.relative_to(PACKAGE).as_posix()
+        for path in PACKAGE.rglob("*")
+        if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts
+    ]
+    assert "openapi/scheduler.json" in data and "py.typed" in data
+    for name in data:
+        assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), name
+
+
+def test_metadata_a_package_index_shows() -> None:
+    shown = metadata("docker-variant")
+    assert shown["License-Expression"] == PYPROJECT["project"]["license"]
+    classifiers = shown.get_all("Classifier") or []
+    assert "Programming Language :: Python :: 3.11" in classifiers
+    assert "Operating System :: POSIX :: Linux" in classifiers
+    assert shown["Requires-Python"] == ">=3.11"
+    assert "pep825" in (shown["Keywords"] or "")
+    assert shown.get_all("Project-URL")
