@@ -7,10 +7,12 @@ Exit codes: 0 done; 1 no compatible variant; 2 bad input; 3 registry or engine u
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Annotated
 
 import click
 import typer
+from typer.core import TyperGroup
 
 from docker_variant import __version__
 from docker_variant.cli import k8s, plugin, providers, publish, select
@@ -27,12 +29,46 @@ from docker_variant.safetext import safe_text
 
 __all__ = ["app", "main"]
 
+#: The commands, in the order help lists them (then ``k8s``).
+COMMANDS: dict[str, Callable[..., None]] = {
+    "providers": providers.providers,
+    "ls": select.ls_,
+    "resolve": select.resolve,
+    "pull": select.pull,
+    "labels": publish.labels,
+    "inspect": publish.inspect_,
+    "push": publish.push,
+    "publish": publish.publish,
+    "build": publish.build,
+    "install-plugin": plugin.install_plugin,
+}
+
+
+class _Commands(TyperGroup):
+    """The top-level group, whose ``COMMANDS`` become click commands when they are first
+    asked for: typer would otherwise build every command's options (signatures and
+    annotations read, types converted) on each run, which needs only one."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*COMMANDS, *super().list_commands(ctx)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is None and cmd_name in COMMANDS:
+            alone = typer.Typer(pretty_exceptions_enable=False, add_completion=False)
+            alone.command(cmd_name)(COMMANDS[cmd_name])
+            command = typer.main.get_command(alone)
+            self.add_command(command, cmd_name)
+        return command
+
+
 app = typer.Typer(
     name="docker-variant",
     help="PEP 817/825 variants for container images.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=_Commands,
 )
 
 
@@ -68,16 +104,6 @@ def global_options(
     ctx.obj = Options(json_, providers_file, list(enable or []), host_root, descriptors)
 
 
-app.command()(providers.providers)
-app.command("ls")(select.ls_)
-app.command()(select.resolve)
-app.command()(select.pull)
-app.command()(publish.labels)
-app.command("inspect")(publish.inspect_)
-app.command()(publish.push)
-app.command()(publish.publish)
-app.command()(publish.build)
-app.command("install-plugin")(plugin.install_plugin)
 app.add_typer(k8s.k8s_app, name="k8s")
 
 
