@@ -18,8 +18,9 @@ The floor is what any plugin written in Python on httpx pays on top of `docker p
 part the median of its runs, interleaved with the pulls' rounds:
 - probe: Docker runs ``docker-variant docker-cli-plugin-metadata`` before the plugin;
 - interpreter: ``python -c pass``, as the console script starts it;
-- ``import httpx``: its import, less the interpreter (with the two optional imports the
-  entry point skips: httpx's own command line and trio);
+- ``import httpx``: its import and httpcore's (which its first client loads), less the
+  interpreter (without the two optional imports the entry point skips: httpx's own command
+  line and trio);
 - round trips: the requests the plugin makes beyond the engine's pull when the version is
   published, from a process that has httpx imported (the version's manifest from the
   registry; ping, three inspections and two tags from the engine), with fresh connections
@@ -57,7 +58,8 @@ VARIANTS = {
     "null": [],
 }
 _IMPORT_HTTPX = (
-    "import sys; sys.modules['httpx._main'] = None; sys.modules['trio'] = None; import httpx"
+    "import sys; sys.modules['httpx._main'] = None; sys.modules['trio'] = None\n"
+    "import httpx, httpcore"
 )
 _OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 
