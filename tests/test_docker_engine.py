@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from pathlib import Path
 
 import pytest
 
 from docker_variant.docker import Engine, EngineError, check_push_labels, engine_host
+from docker_variant.docker.events import LayerLines
 from docker_variant.errors import InvalidInputError
 from docker_variant.oci.reference import parse_reference
 
@@ -97,3 +99,28 @@ def test_push_label_checks_accept_good_images() -> None:
         parse_reference("127.0.0.1:5000/app:1.0.0-null"), {"dev.pep817.variant-label": "null"}
     )
     assert null is not None and null.is_null
+
+
+def test_a_log_or_pipe_gets_one_plain_line_per_finished_layer() -> None:
+    """The engine's own event shapes, as a pull in a pipe writes them: no bars, a line once a
+    layer is done (once, however often the engine says so), registry text shown safely."""
+    out = io.StringIO()
+    events: list[dict[str, object]] = [
+        {"status": "Pulling from e2e/app", "id": "1.0.0-cu128"},
+        {"status": "Pulling fs layer", "id": "5d0aeceef7ee", "progressDetail": {}},
+        {"status": "Downloading", "id": "5d0aeceef7ee", "progressDetail": {"current": 5}},
+        {"status": "Already exists", "id": "621222cd8430"},
+        {"status": "Pull complete", "id": "5d0aeceef7ee", "progressDetail": {}},
+        {"status": "Pull complete", "id": "5d0aeceef7ee"},
+        {"status": "Pull complete", "id": "[bold]\x1b]0;t\x07"},
+        {"status": "Digest: sha256:" + "a" * 64},
+        {"status": "Status: Downloaded newer image for e2e/app:1.0.0-cu128"},
+    ]
+    with LayerLines("pull", out) as lines:
+        for event in events:
+            lines(event)
+    assert out.getvalue() == (
+        "pull 621222cd8430: Already exists\n"
+        "pull 5d0aeceef7ee: Pull complete\n"
+        "pull [bold]\\x1b]0;t\\x07: Pull complete\n"
+    )
