@@ -75,6 +75,9 @@ def test_every_command_and_option_is_in_the_cli_reference() -> None:
         assert f"`k8s {command}" in reference, command
     programs = [("variant-proxy",), ("variant-scheduler", "serve"), ("variant-scheduler", "agent"),
                 ("variant-scheduler", "what-if"), ("docker-variant",)]  # fmt: skip
+    programs += [("docker-variant", c) for c in commands if c != "k8s"]
+    programs += [("docker-variant", "k8s", c) for c in ("claim", "node-labels", "containerd-hosts")]
+    reference += (DOCS / "reference/kubernetes.md").read_text()
     for program in programs:
         text = _help(str(BIN / program[0]), *program[1:], "--help")
         for option in set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]+", text)) - {"--help"}:
