@@ -110,6 +110,11 @@ def test_resolve_and_ls_with_index(files: dict[str, str], tmp_path: Path) -> Non
     assert "'9.0 '" in reasons["1.0.0-bad"]
     human = run("ls", "--index", files["index"], "--providers-file", files["h200"])
     assert human.returncode == 0 and "cu128" in human.stdout and "furiosa" in human.stdout
+    # a variant's properties are one a line in the table, never a shown "\\n" escape
+    assert "\\n" not in human.stdout
+    row = next(line for line in human.stdout.splitlines() if "cuda_version_lower_bound" in line)
+    after = human.stdout.splitlines()[human.stdout.splitlines().index(row) + 1]
+    assert "nvidia :: sm_arch ::" in after
 
 
 def test_no_compatible_variant_exits_1_with_every_reason(

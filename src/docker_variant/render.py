@@ -75,18 +75,18 @@ def selection_table(selection: Selection, title: str) -> Table:
         table.add_column(column, overflow="fold")
     for c in selection.candidates:
         if c.compatible:
-            fits, detail = "[green]yes[/]", properties_text(c.variant) or f"({c.kind})"
+            # one property a line: each line is escaped, the line breaks are the table's own
+            lines = properties_text(c.variant).splitlines() or [f"({c.kind})"]
+            fits, detail = "[green]yes[/]", "\n".join(_shown(line) for line in lines)
         else:
-            fits, detail = (
-                "[red]no[/]" if c.kind != "invalid" else "[red]invalid[/]",
-                c.reason or "",
-            )
+            fits = "[red]no[/]" if c.kind != "invalid" else "[red]invalid[/]"
+            detail = _shown(c.reason or "")
         table.add_row(
             str(c.rank or "-"),
             _shown(c.label or f"({c.kind})"),
             _shown(c.tag),
             fits,
-            _shown(detail),
+            detail,
         )
     return table
 
