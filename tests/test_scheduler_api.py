@@ -448,7 +448,12 @@ def test_placement_gives_up_after_losing_every_race(
 
     sqlite_store.report_agent(parse_agent_report(agent_body(H200_R570, 2), "node"))
     monkeypatch.setattr(sqlite_store, "attempts", 2)
-    monkeypatch.setattr(sqlite_store, "_commit", lambda *_args: False)  # always outraced
+    from docker_variant.scheduler import rows
+
+    def outraced(*_args: Any) -> None:  # as when another writer took the devices first
+        raise rows.Stale()
+
+    monkeypatch.setattr(rows, "take", outraced)
     request = parse_placement_request({"index": INDEX, "nodes": 1, "devices_per_node": 1})
     outcome = sqlite_store.place(VariantIndex.from_json(INDEX, "i"), request, lambda c: c.tag)
     assert isinstance(outcome, Refusal)

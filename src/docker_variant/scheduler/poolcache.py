@@ -143,10 +143,6 @@ class PoolCache:
     def synced(self, conn: Connection, resource_group: str | None) -> Pool:
         """The pool of ``resource_group``, brought up to date (call with ``lock`` held):
         nothing read but two versions while no other process changed anything."""
-        return self.sync(conn, resource_group)[0]
-
-    def sync(self, conn: Connection, resource_group: str | None) -> tuple[Pool, tuple[int, int]]:
-        """``synced``, and the (pool, allocation) versions it is current with."""
         pool_v, allocation_v = rows.versions(conn)
         memory = self._pools.get(resource_group)
         if memory is None or memory.pool_version != pool_v:
@@ -155,7 +151,7 @@ class PoolCache:
             self._reload_allocations(conn, resource_group, memory, allocation_v)
         if self.agent_ttl > 0:
             self._check_heartbeats(conn, memory)
-        return memory.pool, (pool_v, allocation_v)
+        return memory.pool
 
     def learn_profiles(self, conn: Connection, keys: set[ProfileKey]) -> None:
         """Read the lists documents of ``keys`` not known yet."""

@@ -151,6 +151,12 @@ class Rows:
     def close(self) -> None:
         self.engine.dispose()
 
+    @property
+    def single_writer(self) -> bool:
+        """Whether a write transaction excludes every other writer from its start (SQLite's
+        ``BEGIN IMMEDIATE``; PostgreSQL's writers run side by side)."""
+        return self.engine.dialect.name == "sqlite"
+
     @contextlib.contextmanager
     def read(self, what: str) -> Iterator[Connection]:
         with unavailable(what, self.url), self.engine.connect() as conn:
@@ -197,14 +203,6 @@ _BUMP_ALLOCATIONS = (
     .values(version=allocation_version.c.version + 1)
     .returning(allocation_version.c.version)
 )
-
-
-def unchanged_since(conn: Connection, seen: tuple[int, int]) -> bool:
-    """Whether nothing changed the agents, devices or allocations since ``versions`` read
-    ``seen``, as far as this write transaction can know for sure: on SQLite it holds the
-    only write lock (``BEGIN IMMEDIATE``) and every change bumps a version, so equal
-    versions mean equal rows. On PostgreSQL a change may be in flight: always False."""
-    return conn.dialect.name == "sqlite" and versions(conn) == seen
 
 
 def bump_pool(conn: Connection) -> int:
@@ -521,6 +519,9 @@ _TAKE_WHOLE = (
 )
 
 
+_INSERT_ALLOCATIONS = insert(allocations)
+
+
 def take(conn: Connection, placement_id: str, plan_: Plan) -> list[Change]:
     """Insert the allocation rows of ``plan_`` and the devices' usage; the database refuses
     (IntegrityError) a device taken whole twice, or shares past a device's capacity."""
@@ -530,7 +531,7 @@ def take(conn: Connection, placement_id: str, plan_: Plan) -> list[Change]:
             {"agent_id": agent, "device_name": HOST_ROW, "device_id": HOST_ROW, "shares": 0}
             for agent in sorted(hosts)
         ]
-        conn.execute(insert(allocations), [row | {"placement_id": placement_id} for row in rows])
+        conn.execute(_INSERT_ALLOCATIONS, [row | {"placement_id": placement_id} for row in rows])
     keyed = sorted(
         ((a.agent_id, a.device_name or "", d.device_id), d.capacity)
         for a in plan_.allocations
@@ -540,7 +541,7 @@ def take(conn: Connection, placement_id: str, plan_: Plan) -> list[Change]:
         return []
     shares = plan_.shares
     conn.execute(
-        insert(allocations),
+        _INSERT_ALLOCATIONS,
         [
             {
                 "agent_id": agent_id,

@@ -4,11 +4,14 @@ Each operation walks down once: the pool in memory (``poolcache``, brought up to
 two version numbers), the plan on it (``placement.plan``, pure), then one transaction
 (``rows``, the only module that touches the database).
 
-A placement is planned without locks, then committed in one transaction that re-checks the
-planned agents and devices and inserts the placement with one ``allocations`` row per
-device. The database refuses a device allocated twice (or shares past its capacity), so two
-placements racing for a device cannot both commit: the loser's transaction rolls back as a
-whole and it plans again on fresh state, up to ``attempts`` times, after a jittered pause.
+On PostgreSQL a placement is planned without locks, then committed in one transaction that
+re-checks the planned agents and devices and inserts the placement with one ``allocations``
+row per device. The database refuses a device allocated twice (or shares past its capacity),
+so two placements racing for a device cannot both commit: the loser's transaction rolls back
+as a whole and it plans again on fresh state, up to ``attempts`` times, after a jittered
+pause. On SQLite, whose write transaction excludes every other writer from its start, the
+plan is made inside that transaction, so there is nothing to re-check (the same keys and
+checks still refuse what they refuse).
 
 Failures: a report that marks an allocated device unhealthy or leaves it out, and an agent
 whose heartbeat lapses past the TTL (noticed when placements are read), make the placements
@@ -19,6 +22,7 @@ ones are taken) or they are deleted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -218,27 +222,64 @@ class Store:
     ) -> dict[str, Any] | Refusal:
         """Plan on the pool in memory and commit; on a conflict, plan again (all or nothing)."""
 
+        def planned(pool: Pool) -> Plan | Refusal:
+            return plan(
+                index,
+                pool,
+                request.nodes,
+                request.devices_per_node,
+                device_name=request.device_name,
+                shares=request.shares,
+                judge=self._judges.judge(index, self.cache.profiles),
+            )
+
         def attempt() -> dict[str, Any] | Refusal:
             with self._placing:
+                if self.rows.single_writer:
+                    return self._place_at_once(planned, request, image_of, owner)
                 with self.rows.read("reading the pool") as conn, self.cache.lock:
-                    pool, seen = self.cache.sync(conn, request.resource_group)
-                    outcome = plan(
-                        index,
-                        pool,
-                        request.nodes,
-                        request.devices_per_node,
-                        device_name=request.device_name,
-                        shares=request.shares,
-                        judge=self._judges.judge(index, self.cache.profiles),
-                    )
+                    outcome = planned(self.cache.synced(conn, request.resource_group))
                 if isinstance(outcome, Refusal):
                     return outcome
                 document = self._document(outcome, request, image_of, owner)
-                if self._commit(outcome, document, request, seen):
+                if self._commit(outcome, document, request):
                     return document
             raise _Lost(outcome.candidate.label or BARE)
 
         return self._replanned(attempt)
+
+    def _place_at_once(
+        self,
+        planned: Callable[[Pool], Plan | Refusal],
+        request: PlacementRequest,
+        image_of: Callable[[Candidate], str],
+        owner: str,
+    ) -> dict[str, Any] | Refusal:
+        """SQLite: plan and commit in one write transaction. It holds the database's only
+        write lock from its start (``BEGIN IMMEDIATE``), so the pool brought up to date at
+        its start stays current until it commits: nothing to check again, no race to lose.
+        The pools' lock is taken after the connection, as everywhere, and held across the
+        commit until memory has the change."""
+        asked = json.dumps(request.to_json())
+        label = "?"
+        try:
+            with contextlib.ExitStack() as held:
+                with self.rows.write("recording a placement") as conn:
+                    held.enter_context(self.cache.lock)
+                    outcome = planned(self.cache.synced(conn, request.resource_group))
+                    if isinstance(outcome, Refusal):
+                        return outcome  # nothing written
+                    label = outcome.candidate.label or BARE
+                    document = self._document(outcome, request, image_of, owner)
+                    rows.insert_placement(conn, document, asked, self.clock())
+                    taken = rows.take(conn, document["id"], outcome)
+                    version = rows.bump_allocations(conn)
+                self.cache.apply_allocations(version, taken=taken)
+        except Exception as error:
+            if lost_race(error):  # not expected here; if ever, plan again as elsewhere
+                raise _Lost(label) from error
+            raise
+        return document
 
     def _document(
         self,
@@ -272,18 +313,14 @@ class Store:
         chosen: Plan,
         document: Mapping[str, Any],
         request: PlacementRequest | None = None,
-        seen: tuple[int, int] | None = None,
     ) -> bool:
-        """True when committed; False when the pool changed or a device was taken meanwhile.
-        ``seen``: the versions the plan was made on (when nothing changed since, the planned
-        rows need no second look)."""
+        """True when committed; False when the pool changed or a device was taken meanwhile."""
         asked = None if request is None else json.dumps(request.to_json())
 
         def change() -> None:
             with self.cache.committing(self.rows.write("recording a placement")) as commit:
                 conn = commit.conn
-                if seen is None or not rows.unchanged_since(conn, seen):
-                    rows.check_plan(conn, chosen)
+                rows.check_plan(conn, chosen)
                 rows.insert_placement(conn, document, asked, self.clock())
                 taken = rows.take(conn, document["id"], chosen)
                 version = rows.bump_allocations(conn)  # last: the row stays locked
