@@ -14,12 +14,9 @@ output is flushed and the exit handlers ran.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import gc
-import json
 import os
 import sys
-from typing import NoReturn
 
 from docker_variant import __version__
 
@@ -29,6 +26,9 @@ PLUGIN_METADATA = {
     "Version": __version__,
     "ShortDescription": "Pull the best PEP 817 variant of an image for this host",
 }
+#: ``json.dumps(PLUGIN_METADATA)``, written out: every value is ASCII without quotes or
+#: backslashes (a PEP 440 version is), and the probe then needs no json module.
+PLUGIN_METADATA_JSON = "{" + ", ".join(f'"{k}": "{v}"' for k, v in PLUGIN_METADATA.items()) + "}"
 
 
 #: Optional imports that libraries make whenever the package is installed, and that this
@@ -59,17 +59,17 @@ def _exit_code(status: object) -> int:
     return 1
 
 
-def _exit_now(code: int) -> NoReturn:
+def _exit_now(code: int) -> None:
     """Exit as the interpreter would, less its teardown of every module and object (tens
     of ms once typer, httpx and rich are loaded): stdout and stderr are flushed and the
     ``atexit`` handlers run first. With a thread still running it exits the usual way, so
     that the thread is waited for."""
-    try:
-        sys.stdout.flush()
-    except (OSError, ValueError):  # a reader that went away (``| head``), a closed stdout
-        code = code or 120  # what the interpreter answers when its final flush fails
-    with contextlib.suppress(OSError, ValueError):
-        sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that went away (``| head``), a closed file
+            if stream is sys.stdout:
+                code = code or 120  # what the interpreter answers when its final flush fails
     import threading  # loaded by then (httpx, typer): a look-up
 
     if threading.active_count() > 1:
@@ -81,7 +81,7 @@ def _exit_now(code: int) -> NoReturn:
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["docker-cli-plugin-metadata"]:
-        sys.stdout.write(json.dumps(PLUGIN_METADATA) + "\n")
+        sys.stdout.write(PLUGIN_METADATA_JSON + "\n")
         return
     gc.disable()
     _skip_unused_optional_imports()
