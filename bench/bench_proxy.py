@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -65,26 +66,48 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+def cpu_ns(pid: int) -> int:
+    """CPU time of all of a process's threads so far, in ns (/proc/PID/task/*/schedstat:
+    exact, where utime and stime count in clock ticks)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):  # a thread that ended
+            total += int((task / "schedstat").read_text().split()[0])
+    return total
+
+
+def worker_pid(pid: int) -> int:
+    """nginx's one worker (the master's child), whose CPU serves the requests."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return int(children[0]) if children else pid
+
+
 def verdict(ok: bool) -> str:
     return "meets the aim" if ok else "MISSES the aim"
 
 
-def turns_ms(runs: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+def turns_ms(
+    runs: dict[str, Callable[[], object]], repeat: int, pids: dict[str, int]
+) -> tuple[dict[str, float], dict[str, float]]:
     """Median ms of each run, all taking turns in an order that rotates every turn (so all see
     the same machine load, and none always comes right after another), after a warm-up of a
-    quarter as many turns."""
+    quarter as many turns; and the CPU per request (us) of the servers in ``pids``, which
+    serve only their own run's requests: a figure that a busy machine disturbs far less
+    than the times."""
     names = list(runs)
     for _ in range(max(1, repeat // 4)):  # warm-up: connections, caches
         for name in names:
             runs[name]()
     samples: dict[str, list[float]] = {name: [] for name in names}
+    cpu_before = {name: cpu_ns(pid) for name, pid in pids.items()}
     for turn in range(repeat):
         shift = turn % len(names)
         for name in names[shift:] + names[:shift]:
             start = time.perf_counter()
             runs[name]()
             samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(times) * 1e3 for name, times in samples.items()}
+    cpu_us = {name: (cpu_ns(pid) - cpu_before[name]) / repeat / 1e3 for name, pid in pids.items()}
+    return {name: statistics.median(times) * 1e3 for name, times in samples.items()}, cpu_us
 
 
 def load_average() -> str:
@@ -322,8 +345,10 @@ def main() -> None:
         manifest = "/v2/bench/blob/manifests/1"
         nginx = start_nginx(registry.address, stack.root)
         peers = {"direct": registry.url, "proxy": proxy.url}
+        pids = {"direct": registry.process.pid, "proxy": proxy.process.pid}
         if nginx is not None:
             peers["nginx"] = nginx.url
+            pids["nginx"] = worker_pid(nginx.process.pid)
         print(
             f"manifest latency (httpx, keep-alive, median of {turns}, "
             f"{', '.join(peers)} taking turns in rotated order)"
@@ -341,7 +366,7 @@ def main() -> None:
                     )
                     for name, url in peers.items()
                 }
-                ms = turns_ms(runs, turns)
+                ms, cpu = turns_ms(runs, turns, pids)
                 d, p = ms["direct"], ms["proxy"]
                 line = (
                     f"  {method:4} direct {d:5.2f} ms   proxy {p:5.2f} ms   "
@@ -354,6 +379,16 @@ def main() -> None:
                 if method == "GET":
                     line += f"   (aim <= {MANIFEST_AIM}: {verdict(p / d <= MANIFEST_AIM)})"
                 print(line)
+                # the registry serves every run's requests: its figure is per request it served
+                shares = {"direct": len(peers)}
+                print(
+                    "       CPU per request (us): "
+                    + "   ".join(
+                        f"{'registry' if name == 'direct' else name} "
+                        f"{cpu[name] / shares.get(name, 1):.0f}"
+                        for name in cpu
+                    )
+                )
             print(f"  load average {load_average()}")
         finally:
             for client in clients.values():

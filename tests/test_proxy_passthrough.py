@@ -339,3 +339,70 @@ def test_blob_relay_decodes_chunked_answers(fake_proxy: tuple[FakeUpstream, Prox
     fake.routes[f"/v2/a/blobs/{digest}"] = Reply(200, data, chunked=True)
     answer = httpx.get(f"{proxy.url}/v2/a/blobs/{digest}")
     assert answer.status_code == 200 and answer.content == data
+
+
+def _read_answer(sock: socket.socket, pending: bytearray, head_only: bool) -> tuple[bytes, bytes]:
+    """One answer's head (status line and headers) and body, framed by Content-Length."""
+    while b"\r\n\r\n" not in pending:
+        got = sock.recv(65536)
+        assert got, f"the connection closed mid-head: {bytes(pending)!r}"
+        pending += got
+    head, _, rest = bytes(pending).partition(b"\r\n\r\n")
+    pending[:] = rest
+    fields = dict(
+        line.split(b": ", 1) for line in head.split(b"\r\n")[1:]
+    )  # names as sent, lower case
+    length = 0 if head_only else int(fields[b"content-length"])
+    while len(pending) < length:
+        got = sock.recv(65536)
+        assert got, "the connection closed mid-body"
+        pending += got
+    body = bytes(pending[:length])
+    del pending[:length]
+    return head, body
+
+
+def test_small_answers_go_down_whole_on_a_kept_alive_connection(
+    fake_proxy: tuple[FakeUpstream, ProxyServer],
+) -> None:
+    """A small answer leaves the proxy as one head-and-body write: its status line, the
+    upstream's headers less hop-by-hop ones (also those that Connection names), a
+    Content-Length that frames it; HEAD gets the head alone; the caller's connection stays
+    open until it asks for close, and then gets ``connection: close`` and an EOF."""
+    fake, proxy = fake_proxy
+    body = b'{"schemaVersion": 2}'
+    digest = "sha256:" + "a" * 64
+    path = f"/v2/a/manifests/{digest}"
+    fake.routes[path] = Reply(
+        200,
+        body,
+        {
+            "Docker-Content-Digest": digest,
+            "Connection": "keep-alive, X-Hop",
+            "X-Hop": "1",
+            "Keep-Alive": "timeout=5",
+        },
+    )
+    pending = bytearray()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        for method in ("GET", "HEAD", "GET"):
+            sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: {proxy.host}\r\n\r\n".encode())
+            head, got = _read_answer(sock, pending, head_only=method == "HEAD")
+            lines = head.split(b"\r\n")
+            assert lines[0] == b"HTTP/1.1 200 OK"
+            fields = dict(line.split(b": ", 1) for line in lines[1:])
+            assert fields[b"docker-content-digest"] == digest.encode()
+            assert fields[b"content-length"] == str(len(body)).encode()
+            assert b"date" in fields
+            for hop in (b"connection", b"x-hop", b"keep-alive"):
+                assert hop not in fields, head
+            assert got == (b"" if method == "HEAD" else body)
+        sock.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: {proxy.host}\r\nConnection: close\r\n\r\n".encode()
+        )
+        head, got = _read_answer(sock, pending, head_only=False)
+        assert b"\r\nconnection: close" in head.lower() and got == body
+        assert sock.recv(1) == b"" and not pending  # closed after the answer
+    seen = [r for r in fake.requests if r.path == path]
+    assert [r.method for r in seen] == ["GET", "HEAD", "GET", "GET"]
+    assert all("connection" not in r.headers for r in seen)  # the caller's is not sent on

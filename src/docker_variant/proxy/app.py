@@ -14,7 +14,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route as StarletteRoute
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from docker_variant.errors import InvalidInputError, one_line
 from docker_variant.jsondoc import load_json
@@ -25,10 +25,11 @@ from docker_variant.proxy.blobrelay import RELAY_MODES
 from docker_variant.proxy.cache import open_store
 from docker_variant.proxy.metrics import (
     CONTENT_TYPE_LATEST,
-    ROUTE_KIND,
     AccessLines,
     AccessLog,
     ProxyMetrics,
+    RequestLog,
+    Sent,
 )
 from docker_variant.proxy.names import PathError, Route, RouteKind, parse_v2_path
 from docker_variant.proxy.passthrough import Upstream
@@ -200,7 +201,9 @@ def create_app(
             await service().invalidate(name)
         return JSONResponse({"invalidated": sorted(names)})
 
-    app = Starlette(
+    requests = RequestLog(metrics, access_lines)
+    app = ProxyApp(
+        ReadPassThrough(service, requests),
         routes=[
             StarletteRoute("/healthz", healthz, methods=["GET"]),
             StarletteRoute("/metrics", metrics_endpoint, methods=["GET"]),
@@ -210,9 +213,7 @@ def create_app(
         ],
         lifespan=lifespan,
     )
-    app.add_middleware(ReadPassThrough, service=service)
-    # added last: outside ReadPassThrough
-    app.add_middleware(AccessLog, metrics=metrics, lines=access_lines)
+    app.add_middleware(AccessLog, log=requests)
     app.state.metrics = metrics
     app.state.cache = cache
     return app
@@ -232,23 +233,31 @@ _PROPERTIES_KEY = PROPERTIES_HEADER.lower().encode()
 
 
 class ReadPassThrough:
-    """ASGI middleware: a GET or HEAD that is a plain pass-through (blobs, manifests without
-    ``X-Variant-Properties``, tags...) goes straight upstream, before Starlette's routing
-    and request machinery, the bulk of the proxy's own time for a manifest GET (issue 8).
-    Everything else, invalid paths included, goes on to the routes below."""
+    """A GET or HEAD that is a plain pass-through (blobs, manifests without
+    ``X-Variant-Properties``, tags...), answered before Starlette's middleware, routing and
+    request machinery, the bulk of the proxy's own time for a manifest GET (issue 8), and
+    counted and logged as every request. Everything else, invalid paths included, is left
+    to the routes."""
 
-    def __init__(self, app: ASGIApp, service: Callable[[], VariantService]) -> None:
-        self.app = app
+    def __init__(self, service: Callable[[], VariantService], requests: RequestLog) -> None:
         self.service = service
+        self.requests = requests
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = self._route(scope) if scope["type"] == "http" else None
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Whether the request was a plain read, now answered."""
+        route = self._route(scope)
         if route is None:
-            await self.app(scope, receive, send)
-            return
-        scope[ROUTE_KIND] = route.kind
-        response = await self.service().upstream.forward(Request(scope, receive), route)
-        await response(scope, receive, send)
+            return False
+        started = time.perf_counter()
+        sent = Sent()
+        try:
+            await self.service().upstream.pass_read(scope, receive, send, route, sent)
+        except Exception:
+            sent.status = sent.status or 500  # what the server answers for it
+            raise
+        finally:
+            self.requests.record(scope, route.kind, sent, started)
+        return True
 
     @staticmethod
     def _route(scope: Scope) -> Route | None:
@@ -266,6 +275,19 @@ class ReadPassThrough:
         ):
             return None  # transparent resolution
         return route
+
+
+class ProxyApp(Starlette):
+    """Starlette, with plain reads (``ReadPassThrough``) answered before its stack."""
+
+    def __init__(self, reads: ReadPassThrough, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.reads = reads
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and await self.reads(scope, receive, send):
+            return
+        await super().__call__(scope, receive, send)
 
 
 _NOTIFY_SHAPE = 'a notification is {"events": [{"action": "push", "target": {"repository": ...}}]}'

@@ -18,6 +18,9 @@ This leans on uvicorn's private protocol (``HttpToolsProtocol`` and its request 
 pyproject.toml bounds uvicorn to the releases that ``tests/test_proxy_handoff.py`` checks
 ``PRIVATE_NAMES`` on.
 
+``send_whole()`` sends a small answer, head and body, in one write of bytes built once
+(uvicorn would check and copy each header again on its way out).
+
 The protocol also holds a response head back until the body's first write, the response's
 end, or the end of the event loop's turn: uvicorn writes head and body separately, so a small answer (a
 manifest) cost two syscalls and two TCP segments, and the caller woke up twice.
@@ -49,7 +52,7 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     ),
     "RequestResponseCycle": (
         "scope", "transport", "response_started", "response_complete", "disconnected",
-        "keep_alive", "expected_content_length",
+        "keep_alive", "expected_content_length", "message_event", "on_response",
     ),
     "FlowControl": ("pause_reading",),
 }  # fmt: skip
@@ -132,6 +135,31 @@ class SocketHandoff:
         lent.setblocking(True)
         self._lent = lent
         return lent
+
+    def send_whole(self, head: bytes, body: bytes) -> bool:
+        """Sends a whole answer in one write, in place of the ``http.response.start`` and
+        ``http.response.body`` messages: ``head`` is its status line and header lines, each
+        ending in CRLF, with a ``Content-Length`` of ``body`` (left out for HEAD) and
+        without the blank line. The headers are not checked again: they must come from a
+        parser (the upstream's answer). uvicorn's connection handling stays: a connection
+        that is not kept alive gets ``Connection: close`` and is closed. False (nothing
+        sent) once a response has started or the caller is gone."""
+        cycle = self._cycle
+        if cycle.response_started or cycle.disconnected:
+            return False
+        cycle.response_started = True
+        transport = self._protocol.transport
+        tail = b"\r\n" if cycle.keep_alive else b"connection: close\r\n\r\n"
+        if cycle.scope["method"] == "HEAD" or not body:
+            transport.write(head + tail)
+        else:
+            transport.write(b"".join((head, tail, body)))
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            transport.close()
+        cycle.on_response()
+        return True
 
     def give_back(self, sent: int, complete: bool) -> None:
         """The thread is done: ``sent`` body bytes went out. Complete: the app then sends an

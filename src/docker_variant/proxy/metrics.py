@@ -22,16 +22,17 @@ from docker_variant.proxy.names import PathError, RouteKind, parse_v2_path
 __all__ = [
     "CONTENT_TYPE_LATEST",
     "RELAYED_BYTES",
-    "ROUTE_KIND",
     "AccessLines",
     "AccessLog",
     "ProxyMetrics",
+    "RequestLog",
+    "Sent",
     "access_line",
+    "http_date",
     "route_kind",
 ]
 
 ACCESS_LOGGER = "docker_variant.proxy.access"
-ROUTE_KIND = "docker_variant.route_kind"  # scope key: the route class, where already known
 RELAYED_BYTES = "docker_variant.relayed_bytes"  # scope key: body bytes sent outside ASGI
 RELAY_MODE = "docker_variant.relay_mode"  # scope key: how they went ("splice" or "copy")
 
@@ -101,9 +102,6 @@ class ProxyMetrics:
 
 
 def route_kind(scope: Scope) -> RouteKind:
-    known = scope.get(ROUTE_KIND)
-    if isinstance(known, RouteKind):
-        return known
     path: str = scope.get("path", "")
     if path == "/healthz":
         return RouteKind.HEALTH
@@ -114,6 +112,45 @@ def route_kind(scope: Scope) -> RouteKind:
         return parse_v2_path(raw.decode("latin-1") if isinstance(raw, bytes) else path).kind
     except PathError:
         return RouteKind.INVALID
+
+
+_date: tuple[int, bytes] = (0, b"")
+
+
+def http_date() -> bytes:
+    """Now as an HTTP ``Date`` value (formatted once a second)."""
+    global _date
+    now = int(time.time())
+    if _date[0] != now:
+        _date = (now, formatdate(now, usegmt=True).encode())
+    return _date[1]
+
+
+class Sent:
+    """What went down for one request: the status (0 until the head went) and body bytes."""
+
+    __slots__ = ("bytes", "status")
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.bytes = 0
+
+    def counting(self, send: Send) -> Send:
+        """``send``, noting the status and the body bytes of the messages as they go; the
+        proxy's own answers get a ``Date`` here (the server's is off, so that an upstream's
+        is not doubled; Starlette's and the pass-through's header names are lower case)."""
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.status = int(message["status"])
+                headers = message.get("headers", [])
+                if not any(k == b"date" for k, _ in headers):
+                    message = {**message, "headers": [*headers, (b"date", http_date())]}
+            elif message["type"] == "http.response.body":
+                self.bytes += len(message.get("body", b""))
+            await send(message)
+
+        return counting_send
 
 
 def access_line(
@@ -166,70 +203,62 @@ class AccessLines:
             pass
 
 
-class AccessLog:
-    """ASGI middleware: counts every request and logs it as one JSON line, to ``lines``
-    (the server's own stream) or, without it, as a record of the ``ACCESS_LOGGER`` logger.
+class RequestLog:
+    """Counts every request and logs it as one JSON line, to ``lines`` (the server's own
+    stream) or, without it, as a record of the ``ACCESS_LOGGER`` logger.
 
     Only method, route class, path, status, duration and size are logged: never headers,
     so no ``Authorization`` value can reach a log.
     """
 
-    def __init__(
-        self, app: ASGIApp, metrics: ProxyMetrics, lines: AccessLines | None = None
-    ) -> None:
-        self.app = app
+    def __init__(self, metrics: ProxyMetrics, lines: AccessLines | None = None) -> None:
         self.metrics = metrics
         self.lines = lines
         self.log = logging.getLogger(ACCESS_LOGGER)
+
+    def record(self, scope: Scope, route: RouteKind, sent: Sent, started: float) -> None:
+        """Counts and logs a request that began at ``started`` (``time.perf_counter``)."""
+        method: str = scope.get("method", "")
+        status, size = sent.status, sent.bytes
+        relayed = scope.get(RELAYED_BYTES, 0)
+        if relayed:
+            size += relayed
+            self.metrics.relayed_bytes.labels(scope.get(RELAY_MODE, "copy")).inc(relayed)
+        shown = str(status) if status else "aborted"  # cancelled before answering
+        self.metrics.count_request(route.value, method, shown)
+        duration_ms = round((time.perf_counter() - started) * 1000, 2)
+        path: str = scope.get("path", "")
+        if self.lines is not None:
+            self.lines.add(access_line(method, route.value, path, status, duration_ms, size))
+        elif self.log.isEnabledFor(logging.INFO):
+            fields = {
+                "method": method,
+                "route": route.value,
+                "path": path,
+                "status": status or None,
+                "duration_ms": duration_ms,
+                "bytes": size,
+            }
+            self.log.info("request", extra={"fields": fields})
+
+
+class AccessLog:
+    """ASGI middleware: every request through it goes to the ``RequestLog``."""
+
+    def __init__(self, app: ASGIApp, log: RequestLog) -> None:
+        self.app = app
+        self.log = log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = 0
-        sent = 0
-
-        async def counting_send(message: Message) -> None:
-            nonlocal status, sent
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-                headers = message.get("headers", [])
-                # The server's own Date header is off, so that an upstream's Date is not
-                # doubled; the proxy's own answers get one here. (Starlette's responses and
-                # the pass-through give header names in lower case.)
-                if not any(k == b"date" for k, _ in headers):
-                    headers = [*headers, (b"date", formatdate(usegmt=True).encode())]
-                    message = {**message, "headers": headers}
-            elif message["type"] == "http.response.body":
-                sent += len(message.get("body", b""))
-            await send(message)
-
+        sent = Sent()
         try:
-            await self.app(scope, receive, counting_send)
+            await self.app(scope, receive, sent.counting(send))
         except Exception:
-            status = status or 500  # what the server error handler outside us answers
+            sent.status = sent.status or 500  # what the server error handler outside answers
             raise
         finally:
-            route = route_kind(scope).value
-            method = str(scope.get("method", ""))
-            relayed = scope.get(RELAYED_BYTES, 0)
-            if relayed:
-                sent += relayed
-                self.metrics.relayed_bytes.labels(scope.get(RELAY_MODE, "copy")).inc(relayed)
-            shown = str(status) if status else "aborted"  # cancelled before answering
-            self.metrics.count_request(route, method, shown)
-            duration_ms = round((time.perf_counter() - started) * 1000, 2)
-            path = str(scope.get("path", ""))
-            if self.lines is not None:
-                self.lines.add(access_line(method, route, path, status, duration_ms, sent))
-            elif self.log.isEnabledFor(logging.INFO):
-                fields = {
-                    "method": method,
-                    "route": route,
-                    "path": path,
-                    "status": status or None,
-                    "duration_ms": duration_ms,
-                    "bytes": sent,
-                }
-                self.log.info("request", extra={"fields": fields})
+            self.log.record(scope, route_kind(scope), sent, started)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from functools import lru_cache
+from http import HTTPStatus
 from types import TracebackType
 
 import anyio
@@ -30,9 +32,11 @@ from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.http import USER_AGENT, async_client, async_transport, system_tls
 from docker_variant.oci.mediatypes import MANIFEST_ACCEPT
 from docker_variant.proxy.blobrelay import RELAY_MODES, RelayedResponse, cancel_on_disconnect
+from docker_variant.proxy.handoff import socket_handoff
+from docker_variant.proxy.metrics import Sent, http_date
 from docker_variant.proxy.names import Route, RouteKind
 from docker_variant.proxy.responses import upstream_error
-from docker_variant.proxy.upstreampool import UpstreamPool, connection_tokens
+from docker_variant.proxy.upstreampool import Answer, UpstreamPool, connection_tokens
 
 __all__ = [
     "BorrowedTransport",
@@ -65,6 +69,20 @@ _REQUEST_DROP_RAW = frozenset(n.encode() for n in _HOP_BY_HOP | _REQUEST_DROP)
 _RESPONSE_DROP_RAW = frozenset(n.encode() for n in _HOP_BY_HOP)
 _REWRITTEN = frozenset({b"location", b"content-location", b"link"})
 _CHECK_BODY_LIMIT = 4 << 20  # a manifest's size limit
+
+
+@lru_cache(maxsize=64)
+def _status_line(status: int) -> bytes:
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = ""
+    return f"HTTP/1.1 {status} {phrase}\r\n".encode()
+
+
+def response_head(status: int, headers: Sequence[tuple[bytes, bytes]]) -> bytes:
+    """The status line and header lines of an answer, as bytes (no blank line)."""
+    return _status_line(status) + b"".join([k + b": " + v + b"\r\n" for k, v in headers])
 
 
 def proxy_base_url(scope: Scope) -> str:
@@ -227,25 +245,38 @@ class Upstream:
     def response_headers(
         self,
         raw: Sequence[tuple[bytes, bytes]],
-        proxy_base: str,
+        proxy_base: str | Scope,
         extra: Mapping[str, str] | None = None,
         *,
         lowered: bool = False,
+        tokens: frozenset[bytes] | None = None,
     ) -> list[tuple[bytes, bytes]]:
         """An upstream answer's headers as the caller gets them (``raw`` as received;
-        ``lowered``: their names are in lower case already)."""
-        tokens = connection_tokens(raw, lowered)
+        ``lowered``: their names are in lower case already; ``tokens``: those of its
+        ``Connection`` headers, where already known), with a ``Date`` where it had none.
+        ``proxy_base``: the proxy's base URL, or the request's scope to take it from (only
+        done when a URL is to be rewritten)."""
+        if tokens is None:
+            tokens = connection_tokens(raw, lowered)
         drop = _RESPONSE_DROP_RAW | tokens if tokens else _RESPONSE_DROP_RAW
         out: list[tuple[bytes, bytes]] = []
+        dated = False
         for key, value in raw:
             name = key if lowered else key.lower()
             if name in drop:
                 continue
             if name in _REWRITTEN:
+                if not isinstance(proxy_base, str):
+                    proxy_base = proxy_base_url(proxy_base)
                 value = self.rewrite(value.decode("latin-1"), proxy_base).encode("latin-1")
+            elif name == b"date":
+                dated = True
             out.append((name, value))
-        for extra_name, text in (extra or {}).items():
-            out.append((extra_name.lower().encode("latin-1"), text.encode("latin-1")))
+        if extra:
+            for extra_name, text in extra.items():
+                out.append((extra_name.lower().encode("latin-1"), text.encode("latin-1")))
+        if not dated:
+            out.append((b"date", http_date()))
         return out
 
     def rewrite(self, value: str, proxy_base: str) -> str:
@@ -308,9 +339,7 @@ class Upstream:
                 ErrorCode.UNAVAILABLE,
                 f"{what}: the upstream registry failed: {type(exc).__name__}: {exc}",
             )
-        headers_out = self.response_headers(
-            response.headers.raw, proxy_base_url(request.scope), extra_headers
-        )
+        headers_out = self.response_headers(response.headers.raw, request.scope, extra_headers)
         return StreamedResponse(
             response.status_code,
             headers_out,
@@ -337,6 +366,25 @@ class Upstream:
         lines.append(b"\r\n")
         return b"\r\n".join(lines)
 
+    async def _ask_raw(self, method: str, route: Route, head: bytes) -> Answer | Response:
+        """The upstream's answer to a body-less request ``head``, or the proxy's error
+        answer when none came."""
+        try:
+            return await self.raw.request(head, has_body=method != "HEAD", timeout=self.timeout)
+        except TimeoutError:
+            return upstream_error(
+                504,
+                ErrorCode.UNAVAILABLE,
+                f"{method} {route.upstream_path()}: the upstream registry timed out",
+            )
+        except (OSError, httptools.HttpParserError) as exc:
+            return upstream_error(
+                502,
+                ErrorCode.UNAVAILABLE,
+                f"{method} {route.upstream_path()}: the upstream registry failed: "
+                f"{type(exc).__name__}: {exc}",
+            )
+
     async def _forward_raw(
         self,
         request: Request,
@@ -347,23 +395,50 @@ class Upstream:
         what: str,
     ) -> Response:
         head = self._request_head(method, route, request.scope.get("query_string", b""), headers)
-        try:
-            async with asyncio.timeout(self.timeout):
-                answer = await self.raw.request(head, has_body=method != "HEAD")
-        except TimeoutError:
-            return upstream_error(
-                504, ErrorCode.UNAVAILABLE, f"{what}: the upstream registry timed out"
-            )
-        except (OSError, httptools.HttpParserError) as exc:
-            return upstream_error(
-                502,
-                ErrorCode.UNAVAILABLE,
-                f"{what}: the upstream registry failed: {type(exc).__name__}: {exc}",
-            )
+        answer = await self._ask_raw(method, route, head)
+        if isinstance(answer, Response):
+            return answer
         headers_out = self.response_headers(
-            answer.headers, proxy_base_url(request.scope), extra_headers, lowered=True
+            answer.headers,
+            request.scope,
+            extra_headers,
+            lowered=True,
+            tokens=answer.connection_tokens,
         )
         return RelayedResponse(answer, headers_out, what, self.blob_relay)
+
+    async def pass_read(
+        self, scope: Scope, receive: Receive, send: Send, route: Route, sent: Sent
+    ) -> None:
+        """A GET or HEAD passed through to ``route`` and its answer sent down, as
+        ``forward`` does, at the least cost per request: a small answer that came whole
+        goes down as one write of bytes (``handoff.SocketHandoff.send_whole``). ``sent``
+        is told the status and the body bytes sent through the event loop, as they go."""
+        method: str = scope["method"]
+        raw = scope["headers"]
+        tokens = connection_tokens(raw, lowered=True)  # ASGI: names in lower case
+        drop = _REQUEST_DROP_RAW | tokens if tokens else _REQUEST_DROP_RAW
+        head = self._request_head(
+            method, route, scope.get("query_string", b""), [(k, v) for k, v in raw if k not in drop]
+        )
+        answer = await self._ask_raw(method, route, head)
+        if isinstance(answer, Response):
+            await answer(scope, receive, sent.counting(send))
+            return
+        headers = self.response_headers(
+            answer.headers, scope, lowered=True, tokens=answer.connection_tokens
+        )
+        handoff = socket_handoff(scope)
+        if handoff is not None:
+            body = answer.complete()
+            if body is not None:
+                if handoff.send_whole(response_head(answer.status, headers), body):
+                    sent.status, sent.bytes = answer.status, len(body)
+                return
+        what = f"{method} {route.upstream_path()}"
+        await RelayedResponse(answer, headers, what, self.blob_relay)(
+            scope, receive, sent.counting(send)
+        )
 
     async def check_pull(
         self, name: str, tag: str | None, authorization: str | None, proxy_base: str

@@ -39,6 +39,7 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.closed = False
         self.error: BaseException | None = None
+        self.expired = False
         self._waiter: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -62,6 +63,11 @@ class _Connection(asyncio.Protocol):
         self.closed, self.error = True, exc
         self._wake()
 
+    def expire(self) -> None:
+        """The deadline for the answer's head passed: the waiting ``read`` raises."""
+        self.expired = True
+        self._wake()
+
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -70,6 +76,8 @@ class _Connection(asyncio.Protocol):
     async def read(self) -> bytes:
         """The next chunk; ``b""`` at the end of the stream."""
         while not self.chunks:
+            if self.expired:
+                raise TimeoutError("no answer from the upstream in time")
             if self.closed:
                 if self.error is not None:
                     raise ConnectionError(f"upstream connection lost: {self.error}")
@@ -97,18 +105,38 @@ class _NoAnswerError(ConnectionError):
 
 
 class _Head:
-    """What httptools reports while an answer (head, maybe some body) is fed to it."""
+    """What httptools reports while an answer (head, maybe some body) is fed to it; the
+    framing headers are noted as they come, so nobody scans the list for them again."""
 
-    __slots__ = ("body", "headers", "headers_done", "message_done")
+    __slots__ = (
+        "body",
+        "chunked",
+        "connection",
+        "content_length",
+        "headers",
+        "headers_done",
+        "message_done",
+    )
 
     def __init__(self) -> None:
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
+        self.connection: list[bytes] = []  # values of Connection headers
+        self.content_length: int | None = None
+        self.chunked = False
         self.headers_done = False
         self.message_done = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name.lower(), value))  # lower case once, as ASGI has them
+        name = name.lower()  # once, as ASGI has them
+        self.headers.append((name, value))
+        if name == b"content-length":
+            if value.strip().isdigit():
+                self.content_length = int(value)
+        elif name == b"transfer-encoding":
+            self.chunked = True
+        elif name == b"connection":
+            self.connection.append(value)
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
@@ -125,16 +153,15 @@ def connection_tokens(
 ) -> frozenset[bytes]:
     """The tokens of ``Connection``: ``close``, ``keep-alive``, and header names that are
     hop-by-hop too (RFC 9110 7.6.1)."""
-    tokens: set[bytes] = set()
-    for key, value in headers:
-        if (key if lowered else key.lower()) == b"connection":
-            tokens.update(t.strip().lower() for t in value.split(b",") if t.strip())
-    return frozenset(tokens)
+    return _tokens(v for k, v in headers if (k if lowered else k.lower()) == b"connection")
 
 
-def _keeps_alive(version: str, headers: list[tuple[bytes, bytes]]) -> bool:
+def _tokens(values: Iterable[bytes]) -> frozenset[bytes]:
+    return frozenset(t.strip().lower() for v in values for t in v.split(b",") if t.strip())
+
+
+def _keeps_alive(version: str, tokens: frozenset[bytes]) -> bool:
     # httptools' should_keep_alive() is False until the message is complete
-    tokens = connection_tokens(headers, lowered=True)
     return b"keep-alive" in tokens if version == "1.0" else b"close" not in tokens
 
 
@@ -157,19 +184,15 @@ class Answer:
         self._connection: _Connection | None = connection
         self._parser = parser
         self._head = head
-        self._reusable = _keeps_alive(parser.get_http_version(), head.headers)
+        # the tokens of Connection: close, keep-alive, and header names that are hop-by-hop
+        self.connection_tokens = _tokens(head.connection) if head.connection else frozenset()
+        self._reusable = _keeps_alive(parser.get_http_version(), self.connection_tokens)
         self.length: int | None = 0  # body bytes; None: chunked or up to EOF
         self._chunked = False
         if has_body and self.status not in (204, 304) and not 100 <= self.status < 200:
-            chunked = False
-            length: int | None = None
-            for name, value in head.headers:
-                if name == b"transfer-encoding":
-                    chunked = True
-                elif name == b"content-length" and value.strip().isdigit():
-                    length = int(value)
+            chunked = head.chunked
             self._chunked = chunked
-            self.length = None if chunked else length
+            self.length = None if chunked else head.content_length
             if self.length is None and not chunked:
                 self._reusable = False  # an unframed body ends with the connection
         if self.length == 0:
@@ -275,23 +298,27 @@ class UpstreamPool:
         self.max_idle = max_idle
         self._idle: deque[_Connection] = deque()
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self, deadline: float) -> _Connection:
         connection = _Connection()
-        async with asyncio.timeout(self.connect_timeout):
-            await asyncio.get_running_loop().create_connection(
-                lambda: connection, self.host, self.port, ssl=self.tls
-            )
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout_at(min(deadline, loop.time() + self.connect_timeout)):
+            await loop.create_connection(lambda: connection, self.host, self.port, ssl=self.tls)
         return connection
 
-    async def request(self, head: bytes, *, has_body: bool) -> Answer:
-        """Send a request ``head`` (no body) and read the answer's head. A kept-alive
-        connection that turns out closed is retried once on a new one (GET and HEAD are
-        safe to repeat). Raises ``OSError`` or ``httptools.HttpParserError``."""
+    async def request(self, head: bytes, *, has_body: bool, timeout: float) -> Answer:
+        """Send a request ``head`` (no body) and read the answer's head within ``timeout``
+        seconds (connecting included). A kept-alive connection that turns out closed is
+        retried once on a new one (GET and HEAD are safe to repeat). Raises ``OSError``,
+        ``httptools.HttpParserError`` or ``TimeoutError``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         while True:
             connection = self._take()
             reused = connection is not None
             if connection is None:
-                connection = await self._connect()
+                connection = await self._connect(deadline)
+            # one timer handle, not a timeout context: this is every GET's path
+            timer = loop.call_at(deadline, connection.expire)
             try:
                 return await self._exchange(connection, head, has_body)
             except _NoAnswerError:
@@ -301,6 +328,8 @@ class UpstreamPool:
             except BaseException:
                 connection.close()
                 raise
+            finally:
+                timer.cancel()
 
     async def _exchange(self, connection: _Connection, head: bytes, has_body: bool) -> Answer:
         assert connection.transport is not None
