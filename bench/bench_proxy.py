@@ -1,4 +1,4 @@
-"""variant-proxy against the registry it fronts, in one run (SPEC section 6).
+"""variant-proxy against the registry it fronts, in one run.
 
 Run: .venv/bin/python bench/bench_proxy.py
 - blob pull of 256 MiB with curl, direct vs through the proxy (throughput ratio, median of 5,
@@ -8,7 +8,9 @@ Run: .venv/bin/python bench/bench_proxy.py
   bare TCP relay (no HTTP): what any relay can reach on this machine
 - manifest GET and HEAD latency, direct vs proxy vs nginx (Debian's nginx-light, a plain
   `proxy_pass` in front of the same registry), keep-alive, requests taking turns in an order
-  that rotates every turn; the load average is printed with them
+  that rotates every turn; the load average is printed with them, and each server's CPU per
+  request (the proxy's, nginx's worker's, the registry's), which a busy machine disturbs
+  far less than the times
 - `_variants` warm (cached), cold (`Cache-Control: no-cache`: a scan in the proxy) and the
   client-side scan without a proxy, at 10, 50 and 200 variants (left out with --no-variants)
 - `--tiny`: every part at a size that runs in seconds (CI runs it so that the benchmark keeps
@@ -60,15 +62,17 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process so far (/proc/PID/stat fields 14 and 15)."""
+    """utime + stime of a process so far, ended threads (blob relays) included
+    (/proc/PID/stat fields 14 and 15, in clock ticks)."""
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 def cpu_ns(pid: int) -> int:
-    """CPU time of all of a process's threads so far, in ns (/proc/PID/task/*/schedstat:
-    exact, where utime and stime count in clock ticks)."""
+    """CPU time of a process's live threads so far, in ns (/proc/PID/task/*/schedstat:
+    exact, where utime and stime count in clock ticks; for servers whose requests are
+    served on their event loop's thread)."""
     total = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError, IndexError, ValueError):  # a thread that ended
@@ -78,7 +82,10 @@ def cpu_ns(pid: int) -> int:
 
 def worker_pid(pid: int) -> int:
     """nginx's one worker (the master's child), whose CPU serves the requests."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:  # a kernel without /proc/PID/task/TID/children
+        return pid
     return int(children[0]) if children else pid
 
 
