@@ -190,3 +190,26 @@ def test_a_heterogeneous_amd_node_offers_each_gpu_for_its_own_target(
         assert lists_of(api, "ws", "amd", device)["amd"]["gfx_arch"] == ["gfx1100"]
         two = api.post("/v1/placements", json=body | {"devices_per_node": 2})
         assert two.status_code == 409, two.text
+
+
+def test_a_descriptor_namespace_places_like_any_accelerator(api: httpx.Client) -> None:
+    """A FuriosaAI Warboy described by a descriptor (namespace ``furiosa``, devices by PCI
+    address) beside an H200 on one node: a Warboy build takes the NPU, a CUDA build the GPU,
+    and two NPUs are not there."""
+    warboy = {"furiosa": {"arch": ["warboy"]}}
+    body = nvidia_heartbeat(1)
+    body["host"] = {**body["host"], **warboy}
+    body["devices"]["furiosa"] = {"0000:01:00.0": warboy}
+    put_agent(api, "edge", body)
+    npu = {"index": index_of({"warboy": warboy}), "nodes": 1, "devices_per_node": 1}
+    placed = api.post("/v1/placements", json=npu)
+    assert placed.status_code == 201, placed.text
+    assert placed.json()["allocations"][0]["device_name"] == "furiosa"
+    assert placed.json()["allocations"][0]["devices"] == ["0000:01:00.0"]
+    gpu = api.post(
+        "/v1/placements",
+        json={"index": index_of({"cu128": CU128}), "nodes": 1, "devices_per_node": 1},
+    )
+    assert gpu.status_code == 201, gpu.text
+    assert gpu.json()["allocations"][0]["device_name"] == "cuda"
+    assert api.post("/v1/placements", json=npu).status_code == 409  # its one NPU is taken
