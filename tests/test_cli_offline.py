@@ -88,6 +88,34 @@ def files(tmp_path: Path) -> dict[str, str]:
     }
 
 
+def test_global_options_after_the_command_win_over_before_and_the_environment(
+    files: dict[str, str],
+) -> None:
+    resolve = ("resolve", "--index", files["index"])
+    # after the command beats before it; an explicit option beats the environment
+    result = run("--providers-file", files["cpu"], *resolve, "--providers-file", files["h200"])
+    assert (result.returncode, result.stdout) == (0, "1.0.0-cu128\n")
+    env = {"DOCKER_VARIANT_PROVIDERS_FILE": files["cpu"]}
+    for args in (
+        ("--providers-file", files["h200"], *resolve),
+        (*resolve, "--providers-file", files["h200"]),
+    ):
+        assert run(*args, env=env).stdout == "1.0.0-cu128\n"
+    assert run(*resolve, env=env).stdout == "1.0.0-null\n"
+    # the --opt=value form, and after a k8s sub-command and a publisher's command
+    result = run(*resolve, f"--providers-file={files['h200']}", "--json")
+    assert json.loads(result.stdout)["label"] == "cu128"
+    result = run("k8s", "node-labels", "--providers-file", files["h200"], "--json")
+    assert result.returncode == 0 and json.loads(result.stdout), result.stderr
+    result = run("labels", "--label", "v3", "--property", "x86_64 :: level :: v3", "--json")
+    assert result.returncode == 0 and json.loads(result.stdout), result.stderr
+    # an option's value that looks like a command or a global option stays its value
+    result = run("--providers-file", "ls", *resolve)
+    assert_one_line_error(result, 2, "providers file 'ls'")
+    result = run(*resolve, "--platform", "--json", "--providers-file", files["h200"])
+    assert_one_line_error(result, 2, "--platform: '--json' is not a platform")
+
+
 def test_resolve_and_ls_with_index(files: dict[str, str], tmp_path: Path) -> None:
     result = run("resolve", "--index", files["index"], "--providers-file", files["h200"])
     assert (result.returncode, result.stdout) == (0, "1.0.0-cu128\n")

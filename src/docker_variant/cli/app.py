@@ -8,21 +8,25 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 import click
 import typer
+from click.core import ParameterSource
 from typer.core import TyperGroup
 
 from docker_variant import __version__
 from docker_variant.cli import k8s, plugin, providers, publish, select
 from docker_variant.cli.options import (
+    GLOBAL_OPTIONS,
     DescriptorsOpt,
     EnableOpt,
     HostRootOpt,
     JsonOpt,
     Options,
     ProvidersFileOpt,
+    after_command,
+    options_of,
 )
 from docker_variant.errors import DockerVariantError
 from docker_variant.safetext import safe_text
@@ -44,10 +48,49 @@ COMMANDS: dict[str, Callable[..., None]] = {
 }
 
 
+def _taking_global_options(callback: Callable[..., Any]) -> Callable[..., Any]:
+    """``callback`` (a command's), which first takes the global options given after the
+    command's name out of its arguments and into the context's ``Options``."""
+
+    def run(**kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        given = {
+            name: kwargs.pop(name)
+            for name in GLOBAL_OPTIONS
+            # an environment variable was read for the group already, a default is no news
+            if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
+        }
+        for name in GLOBAL_OPTIONS:
+            kwargs.pop(name, None)
+        ctx.obj = after_command(options_of(ctx), given)
+        return callback(**kwargs)
+
+    return run
+
+
 class _Commands(TyperGroup):
     """The top-level group, whose ``COMMANDS`` become click commands when they are first
     asked for: typer would otherwise build every command's options (signatures and
-    annotations read, types converted) on each run, which needs only one."""
+    annotations read, types converted) on each run, which needs only one.
+
+    Every command (``k8s``'s too) also takes the group's global options, the same click
+    parameters: so they work after the command as before it, are listed in its help, and
+    its option values are parsed as click parses them (a value that looks like an option
+    or a command stays a value)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for command in self.commands.values():  # the sub-apps, which typer built already
+            self._add_global_options(command)
+
+    def _add_global_options(self, command: click.Command) -> None:
+        if isinstance(command, click.Group):
+            for sub in command.commands.values():
+                self._add_global_options(sub)
+            return
+        assert command.callback is not None
+        command.params.extend(p for p in self.params if p.name in GLOBAL_OPTIONS)
+        command.callback = _taking_global_options(command.callback)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [*COMMANDS, *super().list_commands(ctx)]
@@ -58,6 +101,7 @@ class _Commands(TyperGroup):
             alone = typer.Typer(pretty_exceptions_enable=False, add_completion=False)
             alone.command(cmd_name)(COMMANDS[cmd_name])
             command = typer.main.get_command(alone)
+            self._add_global_options(command)
             self.add_command(command, cmd_name)
         return command
 
@@ -100,7 +144,8 @@ def global_options(
     descriptors: DescriptorsOpt = None,
     _version: VersionOpt = False,
 ) -> None:
-    """The global options (see ``cli.options``), before the command."""
+    """The global options (see ``cli.options``), before the command; ``_Commands`` gives
+    each command these parameters too, for after it."""
     ctx.obj = Options(json_, providers_file, list(enable or []), host_root, descriptors)
 
 

@@ -8,15 +8,7 @@ from typing import Annotated
 
 import typer
 
-from docker_variant.cli.options import (
-    DescriptorsOpt,
-    EnableOpt,
-    HostRootOpt,
-    IndexOpt,
-    JsonOpt,
-    ProvidersFileOpt,
-    command_options,
-)
+from docker_variant.cli.options import IndexOpt, options_of
 from docker_variant.cli.output import emit_json, warn
 from docker_variant.cli.select import Target, target_of
 from docker_variant.safetext import safe_text
@@ -72,7 +64,6 @@ def k8s_claim(
             help="DeviceClass of the NVIDIA subrequests (AMD ones ask gpu.amd.com).",
         ),
     ] = K8S_DEFAULT_DEVICE_CLASS,
-    json_: JsonOpt = False,
 ) -> None:
     """Print a resource.k8s.io/v1 ResourceClaimTemplate asking for devices that fit a variant,
     best variant first (YAML; JSON with --json)."""
@@ -84,7 +75,7 @@ def k8s_claim(
     )
     from docker_variant.k8s.yamltext import dump_yaml
 
-    opts = command_options(ctx, json_)
+    opts = options_of(ctx)
     if name is not None:
         check_dns_subdomain(name, "--name")
     check_dns_subdomain(device_class, "--device-class")
@@ -119,16 +110,11 @@ def k8s_claim(
 @k8s_app.command("node-labels")
 def k8s_node_labels(
     ctx: typer.Context,
-    json_: JsonOpt = False,
-    providers_file: ProvidersFileOpt = None,
-    enable: EnableOpt = None,
-    host_root: HostRootOpt = None,
-    descriptors: DescriptorsOpt = None,
 ) -> None:
     """Print this host's supported properties as node labels (key=value lines; --json)."""
     from docker_variant.k8s.labels import node_labels
 
-    opts = command_options(ctx, json_, providers_file, enable, host_root, descriptors)
+    opts = options_of(ctx)
     result = node_labels(opts.host().host)
     if result.skipped:
         warn(
@@ -156,11 +142,6 @@ def k8s_containerd_hosts(
         Path | None,
         typer.Option("--output", help="Write DIR/REGISTRY/hosts.toml (atomically) instead."),
     ] = None,
-    json_: JsonOpt = False,
-    providers_file: ProvidersFileOpt = None,
-    enable: EnableOpt = None,
-    host_root: HostRootOpt = None,
-    descriptors: DescriptorsOpt = None,
 ) -> None:
     """Print a containerd hosts.toml that sends this node's X-Variant-Properties."""
     from docker_variant.k8s.containerd import (
@@ -174,7 +155,7 @@ def k8s_containerd_hosts(
         write_hosts_toml,
     )
 
-    opts = command_options(ctx, json_, providers_file, enable, host_root, descriptors)
+    opts = options_of(ctx)
     check_registry(registry)
     url = check_server(server) if server is not None else default_server(registry)
     host = opts.host().host

@@ -1,23 +1,28 @@
 """The global options, and the option types several commands share.
 
 A global option is given before or after the command (``docker-variant --json ls REF`` or
-``docker-variant ls REF --json``). To add one: a field of ``Options``, an ``...Opt`` type
-below, a parameter of ``app.global_options`` and, for commands that also take it after the
-command, a parameter there passed to ``command_options``.
+``docker-variant ls REF --json``): declared once, by ``app.global_options``, and every command
+takes it too (``app`` adds those options to each command, and ``after_command`` merges what
+was given after the command's name). A command reads them as ``options_of(ctx)``. To add
+one: a field of ``Options``, an ``...Opt`` type below, a parameter of ``app.global_options``
+named in ``GLOBAL_OPTIONS``, and its merge in ``after_command``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
+import click
 import typer
 
 if TYPE_CHECKING:
     from docker_variant.providers import HostReport
 
 __all__ = [
+    "GLOBAL_OPTIONS",
     "DescriptorsOpt",
     "EnableOpt",
     "GpusOpt",
@@ -28,7 +33,8 @@ __all__ = [
     "Options",
     "PlatformOpt",
     "ProvidersFileOpt",
-    "command_options",
+    "after_command",
+    "options_of",
 ]
 
 
@@ -54,12 +60,18 @@ class Options:
         )
 
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+#: The help panel of the global options, in the group's help and in each command's.
+GLOBAL_PANEL = "Global options"
+
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Machine-readable output.", rich_help_panel=GLOBAL_PANEL)
+]
 ProvidersFileOpt = Annotated[
     Path | None,
     typer.Option(
         "--providers-file",
         envvar="DOCKER_VARIANT_PROVIDERS_FILE",
+        rich_help_panel=GLOBAL_PANEL,
         help="Supported lists to use instead of detection.",
     ),
 ]
@@ -68,6 +80,7 @@ HostRootOpt = Annotated[
     typer.Option(
         "--host-root",
         envvar="DOCKER_VARIANT_HOST_ROOT",
+        rich_help_panel=GLOBAL_PANEL,
         help="Read the host's files (sys/, opt/rocm) under DIR (default /).",
     ),
 ]
@@ -76,6 +89,7 @@ DescriptorsOpt = Annotated[
     typer.Option(
         "--descriptors",
         envvar="DOCKER_VARIANT_DESCRIPTORS",
+        rich_help_panel=GLOBAL_PANEL,
         help="Also read device descriptors (*.toml) from DIR.",
     ),
 ]
@@ -88,7 +102,11 @@ GpusOpt = Annotated[
 ]
 EnableOpt = Annotated[
     list[str] | None,
-    typer.Option("--enable-provider", help="Run the third-party provider plugin for namespace NS."),
+    typer.Option(
+        "--enable-provider",
+        help="Run the third-party provider plugin for namespace NS.",
+        rich_help_panel=GLOBAL_PANEL,
+    ),
 ]
 PlatformOpt = Annotated[
     str | None,
@@ -108,20 +126,26 @@ NoVerifyOpt = Annotated[
 ]
 
 
-def command_options(
-    ctx: typer.Context,
-    json_: bool = False,
-    providers_file: Path | None = None,
-    enable: list[str] | None = None,
-    host_root: Path | None = None,
-    descriptors: Path | None = None,
-) -> Options:
-    """The global options given before the command, merged with those given after it."""
-    base: Options = ctx.obj if isinstance(ctx.obj, Options) else Options()
+#: ``app.global_options``'s parameters, which every command also takes after its name.
+GLOBAL_OPTIONS = ("json_", "providers_file", "enable", "host_root", "descriptors")
+
+
+def _path(value: Any) -> Path | None:
+    return None if value is None else Path(value)
+
+
+def after_command(base: Options, given: Mapping[str, Any]) -> Options:
+    """``base`` (the options given before the command) with those ``given`` after it, by
+    parameter name: a value given after the command wins, ``--enable-provider`` adds."""
     return Options(
-        json=json_ or base.json,
-        providers_file=providers_file or base.providers_file,
-        enable_provider=[*base.enable_provider, *(enable or [])],
-        host_root=host_root or base.host_root,
-        descriptors=descriptors or base.descriptors,
+        json=base.json or bool(given.get("json_")),
+        providers_file=_path(given.get("providers_file")) or base.providers_file,
+        enable_provider=[*base.enable_provider, *(given.get("enable") or [])],
+        host_root=_path(given.get("host_root")) or base.host_root,
+        descriptors=_path(given.get("descriptors")) or base.descriptors,
     )
+
+
+def options_of(ctx: click.Context) -> Options:
+    """The global options of the command running in ``ctx``."""
+    return ctx.obj if isinstance(ctx.obj, Options) else Options()

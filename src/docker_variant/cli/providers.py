@@ -7,14 +7,7 @@ from typing import Annotated
 import typer
 
 from docker_variant import vendors
-from docker_variant.cli.options import (
-    DescriptorsOpt,
-    EnableOpt,
-    HostRootOpt,
-    JsonOpt,
-    ProvidersFileOpt,
-    command_options,
-)
+from docker_variant.cli.options import options_of
 from docker_variant.cli.output import emit_json, stdout_console
 from docker_variant.render import host_table
 from docker_variant.safetext import safe_text
@@ -28,14 +21,9 @@ def providers(
         bool, typer.Option("--devices", help="Also each device's own lists.")
     ] = False,
     refresh: Annotated[bool, typer.Option("--refresh", help="Ignore the detection cache.")] = False,
-    json_: JsonOpt = False,
-    providers_file: ProvidersFileOpt = None,
-    enable: EnableOpt = None,
-    host_root: HostRootOpt = None,
-    descriptors: DescriptorsOpt = None,
 ) -> None:
     """Print what this host supports (docs: reference/host-properties)."""
-    opts = command_options(ctx, json_, providers_file, enable, host_root, descriptors)
+    opts = options_of(ctx)
     report = opts.host(refresh)
     if opts.json:
         emit_json(report.to_json() if devices else report.host)

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from docker_variant.cli.options import JsonOpt, NoVerifyOpt, PlatformOpt, command_options
+from docker_variant.cli.options import NoVerifyOpt, PlatformOpt, options_of
 from docker_variant.cli.output import emit_json, stderr_console, stdout_console, warn
 from docker_variant.errors import InvalidInputError
 from docker_variant.render import built_table, published_table
@@ -41,10 +41,9 @@ def labels(
         str | None,
         typer.Option("--local", help="Propose them from a local image's binaries."),
     ] = None,
-    json_: JsonOpt = False,
 ) -> None:
     """Validate a variant and print its image labels as `--label k=v` build arguments."""
-    opts = command_options(ctx, json_)
+    opts = options_of(ctx)
     order = [ns for ns in (namespace_order or "").split(",") if ns]
     if from_image is not None or local is not None:
         from docker_variant.contents.report import inspect_image, labels_from_image
@@ -72,13 +71,12 @@ def inspect_(
         str | None, typer.Option("--local", help="A local image (read through the engine).")
     ] = None,
     platform: PlatformOpt = None,
-    json_: JsonOpt = False,
 ) -> None:
     """Read an image's binaries without running it: what they need (with the evidence) and
     the variant properties to label it with."""
     from docker_variant.contents.report import inspect_image, inspect_json, inspect_renderable
 
-    opts = command_options(ctx, json_)
+    opts = options_of(ctx)
     image = inspect_image(ref, local, platform, stderr_console(), not opts.json)
     if opts.json:
         emit_json(inspect_json(image))
@@ -92,7 +90,6 @@ def push(
         str, typer.Argument(help="registry/name:version-label (or :version for a bare image)")
     ],
     no_verify: NoVerifyOpt = False,
-    json_: JsonOpt = False,
 ) -> None:
     """Check the local image's variant labels against its tag and its binaries, then push it."""
     from docker_variant.docker import Engine, LayerProgress, push_image
@@ -100,7 +97,7 @@ def push(
     from docker_variant.oci.source import refresh_proxy_index
     from docker_variant.publish.verify import verify_local
 
-    opts = command_options(ctx, json_)
+    opts = options_of(ctx)
     with Engine() as engine:
         verify_local(
             engine,
@@ -136,7 +133,6 @@ def publish(
         bool, typer.Option("--dry-run", help="Print the index; push nothing.")
     ] = False,
     no_verify: NoVerifyOpt = False,
-    json_: JsonOpt = False,
 ) -> None:
     """Write the version's variant image index at tag VERSION (docs: reference/image-index),
     so that any registry serves the whole set in one request."""
@@ -144,7 +140,7 @@ def publish(
     from docker_variant.oci.reference import parse_reference
     from docker_variant.publish.publisher import publish as publish_index
 
-    opts = command_options(ctx, json_)
+    opts = options_of(ctx)
     if no_verify:
         warn(f"{ref}: --no-verify: labels are not checked against the images' binaries")
     published = publish_index(parse_reference(ref), dry_run=dry_run, verify=not no_verify)
@@ -185,7 +181,6 @@ def build(
         bool, typer.Option("--publish", help="Push, then write the variant image index.")
     ] = False,
     no_verify: NoVerifyOpt = False,
-    json_: JsonOpt = False,
 ) -> None:
     """Build one image per matrix entry from one Dockerfile, labelled and tagged
     VERSION-<label>; with --push push them, with --publish also write the index."""
@@ -193,7 +188,7 @@ def build(
     from docker_variant.publish.build import build_release
     from docker_variant.publish.matrix import load_matrix
 
-    opts = command_options(ctx, json_)
+    opts = options_of(ctx)
     matrix = load_matrix(matrix_file)
     reference = parse_reference(ref)
     report = build_release(

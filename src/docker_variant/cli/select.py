@@ -8,18 +8,7 @@ from typing import Annotated
 
 import typer
 
-from docker_variant.cli.options import (
-    DescriptorsOpt,
-    EnableOpt,
-    GpusOpt,
-    HostRootOpt,
-    IndexOpt,
-    JsonOpt,
-    Options,
-    PlatformOpt,
-    ProvidersFileOpt,
-    command_options,
-)
+from docker_variant.cli.options import GpusOpt, IndexOpt, Options, PlatformOpt, options_of
 from docker_variant.cli.output import emit_json, layer_progress, stderr_console, stdout_console
 from docker_variant.errors import InvalidInputError
 from docker_variant.oci.reference import Reference
@@ -119,14 +108,9 @@ def ls_(
     index: IndexOpt = None,
     platform: PlatformOpt = None,
     gpus: GpusOpt = None,
-    json_: JsonOpt = False,
-    providers_file: ProvidersFileOpt = None,
-    enable: EnableOpt = None,
-    host_root: HostRootOpt = None,
-    descriptors: DescriptorsOpt = None,
 ) -> None:
     """List every variant: compatible or not (with the reason), rank and tag."""
-    opts = command_options(ctx, json_, providers_file, enable, host_root, descriptors)
+    opts = options_of(ctx)
     target = target_of(ref, index)
     selection = select_for_host(opts, target, platform, gpus)
     if opts.json:
@@ -147,14 +131,9 @@ def resolve(
     index: IndexOpt = None,
     platform: PlatformOpt = None,
     gpus: GpusOpt = None,
-    json_: JsonOpt = False,
-    providers_file: ProvidersFileOpt = None,
-    enable: EnableOpt = None,
-    host_root: HostRootOpt = None,
-    descriptors: DescriptorsOpt = None,
 ) -> None:
     """Print the reference of the best variant for this host."""
-    opts = command_options(ctx, json_, providers_file, enable, host_root, descriptors)
+    opts = options_of(ctx)
     target = target_of(ref, index)
     selection = select_for_host(opts, target, platform, gpus)
     best = selection.best
@@ -190,16 +169,11 @@ def pull(
     platform: PlatformOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the choice only.")] = False,
     gpus: GpusOpt = None,
-    json_: JsonOpt = False,
-    providers_file: ProvidersFileOpt = None,
-    enable: EnableOpt = None,
-    host_root: HostRootOpt = None,
-    descriptors: DescriptorsOpt = None,
 ) -> None:
     """Pull the best variant of REF for this host and tag it as REF and as its own tag."""
     from docker_variant.oci.reference import parse_reference
 
-    opts = command_options(ctx, json_, providers_file, enable, host_root, descriptors)
+    opts = options_of(ctx)
     reference = parse_reference(ref)
     if reference.tag is None or reference.digest is not None:
         raise InvalidInputError(f"{ref}: pull needs registry/name:version (a tag, no digest)")
