@@ -539,3 +539,16 @@ def test_replace_is_400_when_the_registry_now_holds_a_5000_digit_number(
         assert answer.status_code == 400, answer.text
         assert "nvidia :: cuda_version_lower_bound" in error_message(answer)
         assert api.get(f"/v1/placements/{placed.json()['id']}").json()["state"] == "degraded"
+
+
+def test_unknown_routes_and_methods_answer_in_the_api_error_body(
+    shared_api: httpx.Client,
+) -> None:
+    missing = shared_api.get("/v1/nothing-here")
+    assert missing.status_code == 404
+    assert missing.json()["errors"][0]["code"] == "NOT_FOUND"
+    assert "/v1/nothing-here" in missing.json()["errors"][0]["message"]
+    wrong = shared_api.patch("/v1/placements")
+    assert wrong.status_code == 405
+    assert wrong.json()["errors"][0]["code"] == "UNSUPPORTED"
+    assert wrong.headers["allow"]  # the router's Allow header is kept

@@ -30,6 +30,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -358,7 +359,16 @@ def create_app(
         who = caller(request, "client", browser=True)
         return await ui.fleet_page(request, store, who, resolve)
 
+    async def no_route(request: Request, exc: Exception) -> Response:
+        # the router's own 404 and 405 in the API's error body, as every other answer
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        code = ErrorCode.NOT_FOUND if status == 404 else ErrorCode.UNSUPPORTED
+        what = "no such route" if status == 404 else f"{request.method} is not allowed here"
+        headers = getattr(exc, "headers", None)
+        return oci_error(status, code, f"{what}: {request.url.path}", headers=headers)
+
     return Starlette(
+        exception_handlers={HTTPException: no_route},
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
@@ -374,5 +384,5 @@ def create_app(
             Route("/v1/placements/{placement_id}", get_placement, methods=["GET"]),
             Route("/v1/placements/{placement_id}", delete_placement, methods=["DELETE"]),
             Route("/v1/placements/{placement_id}/replace", replace_placement, methods=["POST"]),
-        ]
+        ],
     )
