@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from clirun import run_cli
 
 INDEX = {
     "$schema": "https://variants-schema.wheelnext.dev/peps/825/v0.1.1.json",
@@ -47,24 +47,6 @@ H200 = {
 }
 
 
-def run(
-    *args: str, env: dict[str, str] | None = None, tmp: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, **(env or {})}
-    if tmp is not None:
-        full_env["XDG_CACHE_HOME"] = str(tmp / "cache")
-    full_env.pop("DOCKER_VARIANT_PROVIDERS_FILE", None) if "DOCKER_VARIANT_PROVIDERS_FILE" not in (
-        env or {}
-    ) else None
-    return subprocess.run(
-        [sys.executable, "-m", "docker_variant", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=60,
-    )
-
-
 def write(tmp: Path, name: str, data: Any) -> str:
     path = tmp / name
     path.write_text(data if isinstance(data, str) else json.dumps(data))
@@ -93,37 +75,39 @@ def test_global_options_after_the_command_win_over_before_and_the_environment(
 ) -> None:
     resolve = ("resolve", "--index", files["index"])
     # after the command beats before it; an explicit option beats the environment
-    result = run("--providers-file", files["cpu"], *resolve, "--providers-file", files["h200"])
+    result = run_cli("--providers-file", files["cpu"], *resolve, "--providers-file", files["h200"])
     assert (result.returncode, result.stdout) == (0, "1.0.0-cu128\n")
     env = {"DOCKER_VARIANT_PROVIDERS_FILE": files["cpu"]}
     for args in (
         ("--providers-file", files["h200"], *resolve),
         (*resolve, "--providers-file", files["h200"]),
     ):
-        assert run(*args, env=env).stdout == "1.0.0-cu128\n"
-    assert run(*resolve, env=env).stdout == "1.0.0-null\n"
+        assert run_cli(*args, env=env).stdout == "1.0.0-cu128\n"
+    assert run_cli(*resolve, env=env).stdout == "1.0.0-null\n"
     # the --opt=value form, and after a k8s sub-command and a publisher's command
-    result = run(*resolve, f"--providers-file={files['h200']}", "--json")
+    result = run_cli(*resolve, f"--providers-file={files['h200']}", "--json")
     assert json.loads(result.stdout)["label"] == "cu128"
-    result = run("k8s", "node-labels", "--providers-file", files["h200"], "--json")
+    result = run_cli("k8s", "node-labels", "--providers-file", files["h200"], "--json")
     assert result.returncode == 0 and json.loads(result.stdout), result.stderr
-    result = run("labels", "--label", "v3", "--property", "x86_64 :: level :: v3", "--json")
+    result = run_cli("labels", "--label", "v3", "--property", "x86_64 :: level :: v3", "--json")
     assert result.returncode == 0 and json.loads(result.stdout), result.stderr
     # an option's value that looks like a command or a global option stays its value
-    result = run("--providers-file", "ls", *resolve)
+    result = run_cli("--providers-file", "ls", *resolve)
     assert_one_line_error(result, 2, "providers file 'ls'")
-    result = run(*resolve, "--platform", "--json", "--providers-file", files["h200"])
+    result = run_cli(*resolve, "--platform", "--json", "--providers-file", files["h200"])
     assert_one_line_error(result, 2, "--platform: '--json' is not a platform")
 
 
 def test_resolve_and_ls_with_index(files: dict[str, str], tmp_path: Path) -> None:
-    result = run("resolve", "--index", files["index"], "--providers-file", files["h200"])
+    result = run_cli("resolve", "--index", files["index"], "--providers-file", files["h200"])
     assert (result.returncode, result.stdout) == (0, "1.0.0-cu128\n")
     # global options may come before the command too
-    result = run("--json", "--providers-file", files["cpu"], "resolve", "--index", files["index"])
+    result = run_cli(
+        "--json", "--providers-file", files["cpu"], "resolve", "--index", files["index"]
+    )
     assert json.loads(result.stdout)["label"] == "null"
     listing = json.loads(
-        run("ls", "--index", files["index"], "--providers-file", files["h200"], "--json").stdout
+        run_cli("ls", "--index", files["index"], "--providers-file", files["h200"], "--json").stdout
     )
     ranked = [(v["label"], v["rank"]) for v in listing["variants"] if v["compatible"]]
     assert ranked == [("cu128", 1), ("cu126", 2), ("v3", 3), ("null", 4), (None, 5)]
@@ -136,7 +120,7 @@ def test_resolve_and_ls_with_index(files: dict[str, str], tmp_path: Path) -> Non
     )
     assert reasons["npu"] == "no provider for namespace furiosa on this host"
     assert "'9.0 '" in reasons["1.0.0-bad"]
-    human = run("ls", "--index", files["index"], "--providers-file", files["h200"])
+    human = run_cli("ls", "--index", files["index"], "--providers-file", files["h200"])
     assert human.returncode == 0 and "cu128" in human.stdout and "furiosa" in human.stdout
     # a variant's properties are one a line in the table, never a shown "\\n" escape
     assert "\\n" not in human.stdout
@@ -153,7 +137,7 @@ def test_no_compatible_variant_exits_1_with_every_reason(
         "variants": {k: v for k, v in INDEX["variants"].items() if k in kept},
         "images": {k: v for k, v in INDEX["images"].items() if k in kept},
     }
-    result = run(
+    result = run_cli(
         "resolve", "--index", write(tmp_path, "i.json", doc), "--providers-file", files["arm"]
     )
     assert result.returncode == 1 and result.stdout == ""
@@ -179,37 +163,37 @@ def test_bad_providers_file_exits_2(
 ) -> None:
     path = write(tmp_path, "bad.json", providers)
     assert_one_line_error(
-        run("resolve", "--index", files["index"], "--providers-file", path), 2, needle
+        run_cli("resolve", "--index", files["index"], "--providers-file", path), 2, needle
     )
     env = {"DOCKER_VARIANT_PROVIDERS_FILE": path}
-    assert_one_line_error(run("providers", env=env), 2, needle)
+    assert_one_line_error(run_cli("providers", env=env), 2, needle)
 
 
 def test_bad_input_exits_2(files: dict[str, str], tmp_path: Path) -> None:
     assert_one_line_error(
-        run("resolve", "--index", str(tmp_path / "missing.json")), 2, "missing.json"
+        run_cli("resolve", "--index", str(tmp_path / "missing.json")), 2, "missing.json"
     )
     assert_one_line_error(
-        run("resolve", "--index", write(tmp_path, "x.json", "{")), 2, "not valid JSON"
+        run_cli("resolve", "--index", write(tmp_path, "x.json", "{")), 2, "not valid JSON"
     )
     bad = write(tmp_path, "b.json", {"variants": {"cu 128": {}}})
     assert_one_line_error(
-        run("ls", "--index", bad, "--providers-file", files["h200"]), 2, "'cu 128'"
+        run_cli("ls", "--index", bad, "--providers-file", files["h200"]), 2, "'cu 128'"
     )
     assert_one_line_error(
-        run("resolve", "--providers-file", files["h200"]), 2, "exactly one of REF"
+        run_cli("resolve", "--providers-file", files["h200"]), 2, "exactly one of REF"
     )
     assert_one_line_error(
-        run("providers", "--providers-file", str(tmp_path / "nope.json")), 2, "nope.json"
+        run_cli("providers", "--providers-file", str(tmp_path / "nope.json")), 2, "nope.json"
     )
     assert_one_line_error(
-        run("providers", "--enable-provider", "nosuchns", tmp=tmp_path), 2, "nosuchns"
+        run_cli("providers", "--enable-provider", "nosuchns", tmp=tmp_path), 2, "nosuchns"
     )
-    assert_one_line_error(run("nosuchcommand"), 2, "nosuchcommand")
+    assert_one_line_error(run_cli("nosuchcommand"), 2, "nosuchcommand")
 
 
 def test_labels_prints_build_args_and_rejects_bad_properties() -> None:
-    result = run(
+    result = run_cli(
         "labels",
         "--label",
         "cu128",
@@ -229,53 +213,55 @@ def test_labels_prints_build_args_and_rejects_bad_properties() -> None:
         "--label",
         "dev.pep817.variant.nvidia.sm_arch=90_real,100_real",
     ]
-    assert json.loads(run("--json", "labels", "--label", "null").stdout) == {
+    assert json.loads(run_cli("--json", "labels", "--label", "null").stdout) == {
         "dev.pep817.variant-label": "null"
     }
     assert_one_line_error(
-        run("labels", "--label", "cu128", "--property", "nvidia :: sm_arch :: 9.0 x"),
+        run_cli("labels", "--label", "cu128", "--property", "nvidia :: sm_arch :: 9.0 x"),
         2,
         "nvidia :: sm_arch :: 9.0 x",
     )
     assert_one_line_error(
-        run("labels", "--label", "Cu128", "--property", "nvidia :: sm_arch :: 90_real"),
+        run_cli("labels", "--label", "Cu128", "--property", "nvidia :: sm_arch :: 90_real"),
         2,
         "'Cu128'",
     )
     assert_one_line_error(
-        run("labels", "--label", "null", "--property", "nvidia :: sm_arch :: 90_real"),
+        run_cli("labels", "--label", "null", "--property", "nvidia :: sm_arch :: 90_real"),
         2,
         "reserved",
     )
-    assert_one_line_error(run("labels", "--label", "cu128"), 2, "no properties")
+    assert_one_line_error(run_cli("labels", "--label", "cu128"), 2, "no properties")
 
 
 def test_providers_reports_overrides_and_uses_the_file(
     files: dict[str, str], tmp_path: Path
 ) -> None:
-    result = run("providers", "--json", "--providers-file", files["h200"])
+    result = run_cli("providers", "--json", "--providers-file", files["h200"])
     assert json.loads(result.stdout) == H200
     env = {
         "NV_VARIANT_PROVIDER_FORCE_CUDA_DRIVER_VERSION": "12.7",
         "NV_VARIANT_PROVIDER_FORCE_SM_ARCH": "12.5",
     }
-    host = json.loads(run("providers", "--json", env=env, tmp=tmp_path).stdout)
+    host = json.loads(run_cli("providers", "--json", env=env, tmp=tmp_path).stdout)
     assert host["nvidia"]["cuda_version_lower_bound"][0] == "12.7"
     assert host["nvidia"]["sm_arch"][0] == "125_real"
     assert set(host) >= {"nvidia", "x86_64", "aarch64"}
     # the cache is keyed by the override variables: a different value is not served stale
     env["NV_VARIANT_PROVIDER_FORCE_SM_ARCH"] = "9.0"
-    host = json.loads(run("providers", "--json", env=env, tmp=tmp_path).stdout)
+    host = json.loads(run_cli("providers", "--json", env=env, tmp=tmp_path).stdout)
     assert host["nvidia"]["sm_arch"] == ["90_real", "90_virtual"]
-    bad = run("providers", env={"NV_VARIANT_PROVIDER_FORCE_SM_ARCH": "9"}, tmp=tmp_path)
+    bad = run_cli("providers", env={"NV_VARIANT_PROVIDER_FORCE_SM_ARCH": "9"}, tmp=tmp_path)
     assert_one_line_error(bad, 2, "NV_VARIANT_PROVIDER_FORCE_SM_ARCH")
 
 
 def test_docker_cli_plugin_protocol(files: dict[str, str]) -> None:
-    metadata = json.loads(run("docker-cli-plugin-metadata").stdout)
+    metadata = json.loads(run_cli("docker-cli-plugin-metadata").stdout)
     assert metadata["SchemaVersion"] == "0.1.0"
     assert set(metadata) == {"SchemaVersion", "Vendor", "Version", "ShortDescription"}
-    result = run("variant", "resolve", "--index", files["index"], "--providers-file", files["h200"])
+    result = run_cli(
+        "variant", "resolve", "--index", files["index"], "--providers-file", files["h200"]
+    )
     assert (result.returncode, result.stdout) == (0, "1.0.0-cu128\n")
 
 
@@ -295,7 +281,7 @@ def test_every_string_of_the_index_document_is_checked(
 ) -> None:
     doc = json.loads(json.dumps(INDEX))
     change(doc)
-    result = run("resolve", "--index", write(tmp_path, "i.json", doc))
+    result = run_cli("resolve", "--index", write(tmp_path, "i.json", doc))
     assert result.returncode == 2, result.stderr
     line = result.stderr.strip()
     assert needle in line and "\n" not in line and "Traceback" not in line
@@ -341,7 +327,7 @@ def test_every_cli_input_error_is_exit_2_in_one_line(
             path.write_bytes(files[arg])
             arg = str(path)
         resolved.append(arg)
-    result = run(*resolved)
+    result = run_cli(*resolved)
     assert result.returncode == 2, result.stderr
     line = result.stderr.strip()
     assert needle in line and "\n" not in line and "Traceback" not in line
@@ -350,9 +336,9 @@ def test_every_cli_input_error_is_exit_2_in_one_line(
 def test_version_is_the_package_version_and_the_plugin_metadata_agrees() -> None:
     from docker_variant import __version__
 
-    done = run("--version")
+    done = run_cli("--version")
     assert (done.returncode, done.stdout, done.stderr) == (0, f"docker-variant {__version__}\n", "")
-    as_plugin = run("variant", "--version")  # as Docker runs it
+    as_plugin = run_cli("variant", "--version")  # as Docker runs it
     assert as_plugin.stdout == done.stdout
-    probe = run("docker-cli-plugin-metadata")
+    probe = run_cli("docker-cli-plugin-metadata")
     assert json.loads(probe.stdout)["Version"] == __version__

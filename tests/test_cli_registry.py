@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
 
+from clirun import run_cli
 from conftest import RunningRegistry
 from imaging import ImageBuilder
 
@@ -21,18 +19,6 @@ pytestmark = pytest.mark.e2e
 H200 = {
     "nvidia": {"cuda_version_lower_bound": ["12.8", "12.6"], "sm_arch": ["90_real", "90_virtual"]}
 }
-
-
-def cli(*args: str, docker_config: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "NV_VARIANT"))}
-    env |= {"DOCKER_CONFIG": str(docker_config), "XDG_CACHE_HOME": str(tmp / "cache")}
-    return subprocess.run(
-        [sys.executable, "-m", "docker_variant", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
 
 
 def test_credentials_from_docker_config(
@@ -58,8 +44,13 @@ def test_credentials_from_docker_config(
     good.mkdir()
     auth = base64.b64encode(b"alice:wonderland").decode()
     (good / "config.json").write_text(json.dumps({"auths": {private.host: {"auth": auth}}}))
-    result = cli(
-        "resolve", "--providers-file", str(providers), ref, docker_config=good, tmp=tmp_path
+    result = run_cli(
+        "resolve",
+        "--providers-file",
+        str(providers),
+        ref,
+        env={"DOCKER_CONFIG": str(good)},
+        tmp=tmp_path,
     )
     assert (result.returncode, result.stdout) == (0, f"{ref}-cu128\n"), result.stderr
 
@@ -70,13 +61,25 @@ def test_credentials_from_docker_config(
     none = tmp_path / "none"
     none.mkdir()
     for config in (wrong, none):
-        refused = cli(
-            "ls", "--providers-file", str(providers), ref, docker_config=config, tmp=tmp_path
+        refused = run_cli(
+            "ls",
+            "--providers-file",
+            str(providers),
+            ref,
+            env={"DOCKER_CONFIG": str(config)},
+            tmp=tmp_path,
         )
         assert refused.returncode == 3, refused.stderr
         assert "401" in refused.stderr and "Traceback" not in refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1
 
     private.service.stop()
-    down = cli("resolve", "--providers-file", str(providers), ref, docker_config=good, tmp=tmp_path)
+    down = run_cli(
+        "resolve",
+        "--providers-file",
+        str(providers),
+        ref,
+        env={"DOCKER_CONFIG": str(good)},
+        tmp=tmp_path,
+    )
     assert down.returncode == 3 and "unreachable" in down.stderr and "Traceback" not in down.stderr

@@ -7,14 +7,13 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import os
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from clirun import run_cli
 from conftest import RunningRegistry
 from docker_variant.safetext import safe_text
 from imaging import OCI_INDEX, OCI_MANIFEST, push_blob, push_manifest, raw_manifest
@@ -95,22 +94,14 @@ def _push_hostile_version(registry: RunningRegistry, repo: str) -> str:
 
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "NV_VARIANT"))}
     hosts = tmp_path / "h200.json"
     hosts.write_text(json.dumps(H200))
-    env |= {
-        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+    env = {
         "DOCKER_CONFIG": str(tmp_path / "docker"),
         "DOCKER_VARIANT_PROVIDERS_FILE": str(hosts),
         "COLUMNS": "400",  # no folding: the texts stay whole on one line
     }
-    return subprocess.run(
-        [sys.executable, "-m", "docker_variant", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    return run_cli(*args, env=env, tmp=tmp_path, timeout=120)
 
 
 def _assert_harmless(done: subprocess.CompletedProcess[str]) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from clirun import run_cli
 from docker_variant.errors import InvalidInputError
 from docker_variant.providers import detect_host
 from docker_variant.providers.descriptors import descriptor_dirs, read_descriptors
@@ -167,37 +168,20 @@ def test_an_enabled_plugin_replaces_the_descriptor(
 
 def test_the_cli_options_before_or_after_the_command(tmp_path: Path) -> None:
     import json
-    import os
-    import subprocess
-    import sys
 
-    env = {**os.environ, **env_for(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    for name in ("DOCKER_VARIANT_PROVIDERS_FILE", "DOCKER_VARIANT_HOST_ROOT"):
-        env.pop(name, None)
-    root, described = str(HOSTS / "warboy"), str(EXAMPLES)
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "docker_variant", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-        )
-
-    before = run(
-        "--host-root", root, "--descriptors", described, "providers", "--devices", "--json"
-    )
-    after = run("providers", "--devices", "--json", "--host-root", root, "--descriptors", described)
+    env = env_for(tmp_path)
+    given = ("--host-root", str(HOSTS / "warboy"), "--descriptors", str(EXAMPLES))
+    before = run_cli(*given, "providers", "--devices", "--json", env=env, tmp=tmp_path)
+    after = run_cli("providers", "--devices", "--json", *given, env=env, tmp=tmp_path)
     assert before.returncode == after.returncode == 0, before.stderr + after.stderr
     assert json.loads(before.stdout) == json.loads(after.stdout)
     data = json.loads(before.stdout)
     assert data["host"]["furiosa"] == WARBOY and len(data["devices"]["furiosa"]) == 2
     assert data["sources"]["furiosa"].startswith("descriptor ")
-    table = run("--host-root", root, "--descriptors", described, "providers")
+    table = run_cli(*given, "providers", env=env, tmp=tmp_path)
     assert "furiosa answered by descriptor" in table.stdout
     bad = tmp_path / "bad"
     write(bad, "x.toml", 'namespace = "x86_64"\n')
-    done = run("--descriptors", str(bad), "providers")
+    done = run_cli("--descriptors", str(bad), "providers", env=env, tmp=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"{bad / 'x.toml'}: namespace:" in done.stderr

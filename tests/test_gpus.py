@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from clirun import run_cli
 from docker_variant.errors import InvalidInputError
 from docker_variant.providers import HostReport
 from docker_variant.providers.gpus import GpuRequest, choose_devices, parse_gpus
@@ -57,23 +55,6 @@ AMD_SET = index_of(
         "null": {},
     }
 )
-
-
-def run(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "XDG_CACHE_HOME": str(tmp / "cache"),
-        "XDG_CONFIG_HOME": str(tmp / "config"),
-    }
-    for name in ("DOCKER_VARIANT_PROVIDERS_FILE", "DOCKER_VARIANT_HOST_ROOT"):
-        env.pop(name, None)
-    return subprocess.run(
-        [sys.executable, "-m", "docker_variant", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
 
 
 @pytest.fixture
@@ -165,30 +146,30 @@ def test_pull_gpus_device_1_picks_the_variant_for_that_device(
         files["nvidia_set"],
         "--dry-run",
     )
-    done = run(tmp_path, *base, "--gpus", "device=1")
+    done = run_cli(*base, "--gpus", "device=1", tmp=tmp_path)
     assert done.returncode == 0, done.stderr
     assert (
         done.stdout.strip()
         == f'Selected variant "cu128sm89" of {ref.rsplit(":", 1)[0]} version 1.0.0'
     )
-    done = run(tmp_path, *base, "--gpus", "device=0")
+    done = run_cli(*base, "--gpus", "device=0", tmp=tmp_path)
     assert '"cu128sm90"' in done.stdout, done.stderr
     # both devices: only the build with code for both runs on each of them
-    done = run(tmp_path, *base, "--gpus", "all")
+    done = run_cli(*base, "--gpus", "all", tmp=tmp_path)
     assert '"cu126fat"' in done.stdout, done.stderr
 
 
 def test_without_gpus_ls_says_which_variants_fit_only_some_devices(
     files: dict[str, str], tmp_path: Path
 ) -> None:
-    done = run(
-        tmp_path,
+    done = run_cli(
         "--providers-file",
         files["h200_l4"],
         "ls",
         "--index",
         files["nvidia_set"],
         "--json",
+        tmp=tmp_path,
     )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
@@ -196,20 +177,28 @@ def test_without_gpus_ls_says_which_variants_fit_only_some_devices(
     notes = data["some_devices"]
     assert set(notes) == {"cu128sm90", "cu128sm89"}
     assert notes["cu128sm90"].startswith(f"fits 1 of 2 devices (not 1 ({L4_UUID})")
-    text = run(tmp_path, "--providers-file", files["h200_l4"], "ls", "--index", files["nvidia_set"])
+    text = run_cli(
+        "--providers-file", files["h200_l4"], "ls", "--index", files["nvidia_set"], tmp=tmp_path
+    )
     assert "note: cu128sm89: fits 1 of 2 devices" in text.stdout
 
 
 def test_heterogeneous_amd_host_root(files: dict[str, str], tmp_path: Path) -> None:
     root = str(HOSTS / "mi210-navi31")
     for gpus, label in (("device=0", "rocm63gfx90a"), ("device=1", "rocm63gfx1100")):
-        done = run(
-            tmp_path, "--host-root", root, "resolve", "--index", files["amd_set"], "--gpus", gpus
+        done = run_cli(
+            "--host-root",
+            root,
+            "resolve",
+            "--index",
+            files["amd_set"],
+            "--gpus",
+            gpus,
+            tmp=tmp_path,
         )
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == f"1.0.0-{label}"
-    done = run(
-        tmp_path,
+    done = run_cli(
         "--host-root",
         root,
         "resolve",
@@ -218,12 +207,22 @@ def test_heterogeneous_amd_host_root(files: dict[str, str], tmp_path: Path) -> N
         "--gpus",
         "all",
         "--json",
+        tmp=tmp_path,
     )
     assert json.loads(done.stdout)["label"] == "null"  # neither build runs on both GPUs
-    done = run(tmp_path, "--host-root", root, "ls", "--index", files["amd_set"], "--gpus", "all")
+    done = run_cli(
+        "--host-root", root, "ls", "--index", files["amd_set"], "--gpus", "all", tmp=tmp_path
+    )
     assert "does not fit device" in done.stdout
-    done = run(
-        tmp_path, "--host-root", root, "resolve", "--index", files["amd_set"], "--gpus", "device=7"
+    done = run_cli(
+        "--host-root",
+        root,
+        "resolve",
+        "--index",
+        files["amd_set"],
+        "--gpus",
+        "device=7",
+        tmp=tmp_path,
     )
     assert done.returncode == 2 and "device 7 does not exist" in done.stderr
     assert "Traceback" not in done.stderr
@@ -233,10 +232,10 @@ def test_providers_names_each_amd_device_and_ls_notes_partial_fits(
     files: dict[str, str], tmp_path: Path
 ) -> None:
     root = str(HOSTS / "mi210-navi31")
-    done = run(tmp_path, "--host-root", root, "providers", "--devices")
+    done = run_cli("--host-root", root, "providers", "--devices", tmp=tmp_path)
     assert "amd device 0000:03:00.0: gfx90a (Instinct" in done.stdout
     assert "amd device 0000:0c:00.0: gfx1100 (Radeon RX 7900" in done.stdout
-    done = run(tmp_path, "--host-root", root, "ls", "--index", files["amd_set"], "--json")
+    done = run_cli("--host-root", root, "ls", "--index", files["amd_set"], "--json", tmp=tmp_path)
     data = json.loads(done.stdout)
     assert data["selected"]["label"] == "rocm63gfx1100"  # gfx1100 first in the host's list
     assert data["some_devices"]["rocm63gfx1100"].startswith(

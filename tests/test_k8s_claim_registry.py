@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from clirun import run_cli
 from conftest import RunningRegistry
 from docker_variant.oci.source import fetch_index
 from imaging import ImageBuilder, variant_labels
@@ -38,19 +36,8 @@ def pushed(registry: RunningRegistry, image_builder: ImageBuilder) -> str:
     return f"{registry.host}/{REPO}:1.0.0"
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_VARIANT")}
-    return subprocess.run(
-        [sys.executable, "-m", "docker_variant", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
-
-
 def test_claim_for_a_reference(pushed: str) -> None:
-    result = run("k8s", "claim", pushed, "--count", "2")
+    result = run_cli("k8s", "claim", pushed, "--count", "2")
     assert result.returncode == 0, result.stderr
     document: dict[str, Any] = yaml.safe_load(result.stdout)
     kubernetes_validate.validate(document, "1.35", strict=True)
@@ -71,16 +58,16 @@ def test_claim_for_a_reference(pushed: str) -> None:
 
 def test_reference_and_index_give_the_same_claim(pushed: str, tmp_path: Path) -> None:
     """REF and --index of the same version make the same requests (the name and source differ)."""
-    from_ref = yaml.safe_load(run("k8s", "claim", pushed).stdout)
+    from_ref = yaml.safe_load(run_cli("k8s", "claim", pushed).stdout)
     _, index = fetch_index(pushed)
     path = tmp_path / "app.json"
     path.write_text(index.dumps())
-    from_index = yaml.safe_load(run("k8s", "claim", "--index", str(path)).stdout)
+    from_index = yaml.safe_load(run_cli("k8s", "claim", "--index", str(path)).stdout)
     assert from_index["spec"] == from_ref["spec"]
     assert from_index["metadata"]["name"] == "app"
 
 
 def test_missing_repository_exits_3(registry: RunningRegistry) -> None:
-    result = run("k8s", "claim", f"{registry.host}/k8s/nothing-here:1.0.0")
+    result = run_cli("k8s", "claim", f"{registry.host}/k8s/nothing-here:1.0.0")
     assert result.returncode == 3, result.stderr
     assert "Traceback" not in result.stderr
