@@ -79,6 +79,7 @@ _NOT_FOR_RESOLVE = (
     "docker_variant.oci.source",
     "httpx",
     "ssl",
+    "importlib.metadata",  # for the detection cache's key: no detection with --providers-file
 )
 
 

@@ -13,7 +13,6 @@ import hashlib
 import json
 import platform
 from collections.abc import Callable, Mapping, Sequence
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from docker_variant.errors import DockerVariantError
@@ -40,6 +39,10 @@ def _boot_id() -> str:
 
 
 def _versions(names: Sequence[str]) -> dict[str, str]:
+    # importlib.metadata costs 10 to 20 ms to import; only a detection needs it, and a
+    # command given --providers-file detects nothing
+    from importlib.metadata import PackageNotFoundError, version
+
     found = {}
     for name in names:
         with contextlib.suppress(PackageNotFoundError):
