@@ -1,5 +1,5 @@
 """`resolve` through a published variant image index vs a tag scan, from the registry
-directly (no proxy), at 10, 50 and 200 variants (SPEC section 10).
+directly (no proxy), at 10, 50 and 200 variants (docs/reference/image-index.md).
 
 Run: .venv/bin/python bench/bench_publish.py
 - in process: ``read_version`` (what ls/resolve/pull call without a proxy), median of 7

@@ -1,5 +1,5 @@
 """`ls`/`resolve` on a registry that needs credentials: they come from Docker's config.json,
-and a refusal or a dead registry is exit 3 with one line (SPEC section 7)."""
+and a refusal or a dead registry is exit 3 with one line (docs/reference/cli.md)."""
 
 from __future__ import annotations
 

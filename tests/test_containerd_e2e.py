@@ -1,6 +1,6 @@
 """Transparent resolution with an unmodified client: containerd (as a kubelet runs it) pulls
 `app:1.0.0` through variant-proxy with a hosts.toml that sends this node's
-`X-Variant-Properties`, and gets the best variant (SPEC section 6; REFERENCE: containerd sends
+`X-Variant-Properties`, and gets the best variant (docs/reference/proxy-api.md; REFERENCE: containerd sends
 the header on its first request, a HEAD, then fetches by digest)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`docker variant push/pull/ls/resolve` end to end: the real Docker CLI plugin path, a real
-engine (dockerd, started here), the Debian registry and variant-proxy (SPEC section 7)."""
+engine (dockerd, started here), the Debian registry and variant-proxy (docs/reference/cli.md)."""
 
 from __future__ import annotations
 

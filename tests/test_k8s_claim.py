@@ -1,4 +1,4 @@
-"""`docker-variant k8s claim`: the DRA ResourceClaimTemplate (SPEC section 9).
+"""`docker-variant k8s claim`: the DRA ResourceClaimTemplate (docs/reference/kubernetes.md).
 
 Every template is checked by the Kubernetes 1.35 schema (strict: unknown fields are errors)
 and every CEL selector is compiled by cel-python and evaluated, with Kubernetes' semver

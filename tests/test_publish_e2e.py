@@ -1,5 +1,5 @@
 """`docker variant build --matrix --publish` on a real Docker engine, then the published set
-as users meet it (SPEC section 10): a plain `docker pull` and `ctr images pull` get the
+as users meet it (docs/reference/image-index.md): a plain `docker pull` and `ctr images pull` get the
 baseline, `docker variant pull` gets each host's variant, `--platform linux/arm64` the arm64
 image (built with umoci), and `skopeo inspect --raw` shows the annotated index."""
 

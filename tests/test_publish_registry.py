@@ -1,4 +1,4 @@
-"""Publishing against the real Debian registry (SPEC section 10): the variant image index,
+"""Publishing against the real Debian registry (docs/reference/image-index.md): the variant image index,
 one-request resolution counted in the registry's own access log, the same document three
 ways, refusals, idempotency, and 429s from a rate-limited upstream."""
 
@@ -261,7 +261,7 @@ def test_publish_refuses_what_the_index_would_misrepresent(
 def test_resolve_request_counts_from_the_registry_access_log(
     tmp_path: Path, image_builder: ImageBuilder, cli_env: dict[str, str]
 ) -> None:
-    """SPEC 10: a published index costs at most 2 manifest/blob GETs, a scan 2N+1."""
+    """docs/reference/image-index.md: a published index costs at most 2 manifest/blob GETs, a scan 2N+1."""
     start_registry(tmp_path / "probe").service.stop()  # skips where the binary is missing
     service = devstack.start_registry(tmp_path / "counted", access_log=True)
     try:

@@ -1,4 +1,4 @@
-"""Pure parts of publishing (SPEC section 10): platforms as Docker matches them, the variant
+"""Pure parts of publishing (docs/reference/image-index.md): platforms as Docker matches them, the variant
 image index written and read back, which entry variant-unaware clients get, the matrix."""
 
 from __future__ import annotations

@@ -228,7 +228,7 @@ def test_agent_re_report_keeps_allocations(api: httpx.Client) -> None:
         "allocated": ["GPU-0"],
         "missing": ["GPU-1"],
     }
-    # the same placement, degraded now that GPU-1 has vanished (SPEC 8: state)
+    # the same placement, degraded now that GPU-1 has vanished (docs/reference/scheduler-api.md: state)
     shown = api.get(f"/v1/placements/{placement['id']}").json()
     degraded = shown.pop("degraded")
     assert shown == placement | {"state": "degraded"}

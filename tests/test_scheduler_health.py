@@ -1,4 +1,4 @@
-"""Device health and failures (SPEC 8: ``unhealthy``, ``state``, ``replace``): failures are
+"""Device health and failures (docs/reference/scheduler-api.md: ``unhealthy``, ``state``, ``replace``): failures are
 injected the way an agent reports them, by heartbeat, and by an agent that stops beating (a
 clock the test moves, not sleeps). On SQLite and on a private PostgreSQL."""
 

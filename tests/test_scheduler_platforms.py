@@ -1,4 +1,4 @@
-"""Platforms in the scheduler (SPEC section 10): a node runs only images for its platform,
+"""Platforms in the scheduler (docs/reference/image-index.md): a node runs only images for its platform,
 reported in the heartbeat or implied by its host lists' CPU namespace (``x86_64``: amd64,
 ``aarch64``: arm64), and a refusal says why."""
 

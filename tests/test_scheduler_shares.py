@@ -1,4 +1,4 @@
-"""Fractional devices (SPEC 8: ``capacity``, ``shares_per_device``): shares pack best-fit onto
+"""Fractional devices (docs/reference/scheduler-api.md: ``capacity``, ``shares_per_device``): shares pack best-fit onto
 devices already partly used, whole devices stay whole, the pool's free shares add up, and
 fragmentation stays below first-fit's on the same sequence of requests."""
 

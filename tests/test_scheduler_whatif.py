@@ -1,4 +1,4 @@
-"""What-if (SPEC 8 ``POST /v1/what-if``, issue 10): every prediction is checked by sending the
+"""What-if (docs/reference/scheduler-api.md ``POST /v1/what-if``, issue 10): every prediction is checked by sending the
 heartbeats of the predicted nodes, built from the template, and placing for real with
 ``POST /v1/placements``; one node fewer must not place. What-if itself changes nothing."""
 

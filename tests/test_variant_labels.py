@@ -1,4 +1,4 @@
-"""Image labels <-> variants, the index builder, and bad input (SPEC sections 3 and 5)."""
+"""Image labels <-> variants, the index builder, and bad input (docs/reference/labels.md, docs/reference/index-document.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Our ordering equals variantlib's sort_and_filter_supported_variants (SPEC section 2)."""
+"""Our ordering equals variantlib's sort_and_filter_supported_variants (docs/reference/labels.md)."""
 
 from __future__ import annotations
 
