@@ -313,6 +313,29 @@ def test_bad_placement_requests_are_400(shared_api: httpx.Client, body: Any, mes
     assert message in error_message(response)
 
 
+def test_a_placement_body_sent_again_is_read_once_and_a_bad_one_fails_each_time(
+    shared_api: httpx.Client,
+) -> None:
+    from docker_variant.errors import InvalidInputError
+    from docker_variant.scheduler.documents import parse_placement_body
+
+    body = json.dumps({"index": INDEX, "nodes": 1, "devices_per_node": 1}).encode()
+    first = parse_placement_body(body)
+    assert parse_placement_body(bytes(bytearray(body))) is first  # equal bytes, another object
+    assert first.stored_text == json.dumps(first.to_json())
+    other = parse_placement_body(body.replace(b'"nodes": 1', b'"nodes": 2'))
+    assert other.nodes == 2 and other.index is first.index  # one index per distinct document
+    bad = json.dumps({"index": INDEX, "nodes": 0, "devices_per_node": 1}).encode()
+    for _ in range(2):  # an invalid body is never kept: the same line each time
+        with pytest.raises(InvalidInputError, match=r"nodes must be an integer 1\.\.10000, got 0"):
+            parse_placement_body(bad)
+        response = shared_api.post("/v1/placements", content=bad)
+        assert response.status_code == 400
+        assert error_message(response) == "nodes must be an integer 1..10000, got 0"
+        response = shared_api.post("/v1/placements", content=b"{nope")
+        assert error_message(response).startswith("request body: not valid JSON (")
+
+
 # --------------------------------------------------------------------------- images
 
 

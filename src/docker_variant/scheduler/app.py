@@ -48,7 +48,7 @@ from docker_variant.scheduler.documents import (
     PlacementRequest,
     check_agent_id,
     parse_agent_report,
-    parse_placement_request,
+    parse_placement_body,
 )
 from docker_variant.scheduler.placement import Refusal
 from docker_variant.scheduler.store import STATES, Store
@@ -267,7 +267,7 @@ def create_app(
     @_guard
     async def post_placement(request: Request) -> Response:
         who = caller(request, "client")
-        wanted = parse_placement_request(await _json_body(request))
+        wanted = parse_placement_body(await read_body(request, _MAX_BODY))
         index, image_of = await target_of(wanted)
         outcome = await run_in_threadpool(store.place, index, wanted, image_of, who.name)
         if isinstance(outcome, Refusal):

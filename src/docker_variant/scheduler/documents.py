@@ -7,6 +7,7 @@ the HTTP layer answers 400 with it unchanged.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import re
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from docker_variant.errors import InvalidInputError
+from docker_variant.jsondoc import load_json
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.model import SupportedLists, parse_supported_lists
 from docker_variant.variant.platform import Platform
@@ -34,6 +36,7 @@ __all__ = [
     "PlacementRequest",
     "check_agent_id",
     "parse_agent_report",
+    "parse_placement_body",
     "parse_placement_request",
 ]
 
@@ -232,6 +235,12 @@ class PlacementRequest:
                 document[key] = value
         return document
 
+    @functools.cached_property
+    def stored_text(self) -> str:
+        """``to_json()`` as JSON text, worked out once per request object (one kept by
+        ``parse_placement_body`` serves every placement its body asks for)."""
+        return json.dumps(self.to_json())
+
 
 def _count(data: Mapping[str, Any], key: str, minimum: int, maximum: int) -> int:
     value = data.get(key)
@@ -325,3 +334,28 @@ def parse_placement_request(data: object) -> PlacementRequest:
         device_name=device_name,
         shares=shares,
     )
+
+
+_REQUESTS: OrderedDict[bytes, PlacementRequest] = OrderedDict()  # by the body's SHA-256
+_KEPT_REQUESTS = 32
+_REQUESTS_LOCK = threading.Lock()
+
+
+def parse_placement_body(body: bytes, what: str = "request body") -> PlacementRequest:
+    """``parse_placement_request`` of the JSON document ``body``, read once per distinct
+    body: a client sends the same bytes again and again, and the request read from them is
+    immutable, so the bounded JSON reading (``load_json``) and the checks are skipped when
+    the same bytes come again. Only valid requests are kept; an invalid body fails each time
+    with the same one line."""
+    key = hashlib.sha256(body).digest()
+    with _REQUESTS_LOCK:
+        found = _REQUESTS.get(key)
+        if found is not None:
+            _REQUESTS.move_to_end(key)
+            return found
+    request = parse_placement_request(load_json(body, what))
+    with _REQUESTS_LOCK:
+        _REQUESTS[key] = request
+        while len(_REQUESTS) > _KEPT_REQUESTS:
+            _REQUESTS.popitem(last=False)
+    return request

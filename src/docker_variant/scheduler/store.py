@@ -23,7 +23,6 @@ ones are taken) or they are deleted.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import time
 import uuid
@@ -260,7 +259,7 @@ class Store:
         its start stays current until it commits: nothing to check again, no race to lose.
         The pools' lock is taken after the connection, as everywhere, and held across the
         commit until memory has the change."""
-        asked = json.dumps(request.to_json())
+        asked = request.stored_text
         label = "?"
         try:
             with contextlib.ExitStack() as held:
@@ -315,7 +314,7 @@ class Store:
         request: PlacementRequest | None = None,
     ) -> bool:
         """True when committed; False when the pool changed or a device was taken meanwhile."""
-        asked = None if request is None else json.dumps(request.to_json())
+        asked = None if request is None else request.stored_text
 
         def change() -> None:
             with self.cache.committing(self.rows.write("recording a placement")) as commit:
