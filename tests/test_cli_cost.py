@@ -200,6 +200,8 @@ def test_a_plain_http_registry_reads_no_trust_store_and_is_probed_once(
             assert record["trust_loads"] == []
             assert "httpx" in record["modules"]  # it did talk to the registry
             assert loaded(record, ("docker_variant.k8s", "docker_variant.proxy")) == []
+            # a tag scan (nothing is published) runs on the sync client's threads
+            assert loaded(record, ("asyncio", "anyio._backends._asyncio")) == []
             paths = devstack.registry_requests(service)[before:]
             probes.append([p for p in paths if "/_variants/" in p])
         # the first run found no proxy there; the second remembers it (PLAIN_REGISTRY_TTL)

@@ -72,7 +72,13 @@ def scanned_repo(registry: RunningRegistry, image_builder: ImageBuilder) -> dict
     return digests
 
 
-def _scan(url: str, repository: str, version: str, **kwargs: Any) -> VariantIndex:
+def _scan(
+    url: str, repository: str, version: str, *, sync: bool = False, **kwargs: Any
+) -> VariantIndex:
+    """A scan by the async client, or with ``sync`` by the sync one (on its threads)."""
+    if sync:
+        return scan_index_sync(url, repository, version, **kwargs)
+
     async def go() -> VariantIndex:
         async with RegistryClient(url, **kwargs) as client:
             return await scan_index(client, repository, version)
@@ -167,22 +173,24 @@ def test_fetch_index_scans_a_plain_registry(
     assert index.dumps() == _scan(registry.url, "scan/app", "1.0.0").dumps()
 
 
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
 def test_scan_errors_propagate(
+    sync: bool,
     registry: RunningRegistry,
     htpasswd_registry: Callable[[Mapping[str, str]], RunningRegistry],
     image_builder: ImageBuilder,
 ) -> None:
     with pytest.raises(NotFoundError) as caught:
-        _scan(registry.url, "scan/nothing", "1.0.0")
+        _scan(registry.url, "scan/nothing", "1.0.0", sync=sync)
     assert caught.value.code == "NAME_UNKNOWN"
 
     private = htpasswd_registry({"u": "p"})
     image_builder.build_and_push(f"{private.host}/scan/app:1.0.0", {}, creds=("u", "p"))
     with pytest.raises(RegistryAuthError):
-        _scan(private.url, "scan/app", "1.0.0")
+        _scan(private.url, "scan/app", "1.0.0", sync=sync)
     private.service.stop()
     with pytest.raises(UpstreamUnavailableError, match="unreachable"):
-        _scan(private.url, "scan/app", "1.0.0")
+        _scan(private.url, "scan/app", "1.0.0", sync=sync)
 
 
 # --- a scripted upstream -------------------------------------------------------------------
@@ -196,7 +204,8 @@ def _serve(fake: FakeUpstream, tag: str, labels: dict[str, str], **reply: Any) -
     fake.routes[f"/v2/app/blobs/{sha256_digest(config)}"] = Reply(body=config)
 
 
-def test_truncated_manifest_is_listed_invalid(fake_upstream: FakeUpstream) -> None:
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+def test_truncated_manifest_is_listed_invalid(sync: bool, fake_upstream: FakeUpstream) -> None:
     tags = ["1.0.0-cpu", "1.0.0-cut", "1.0.0-html", "1.0.0-gone"]
     fake_upstream.routes["/v2/app/tags/list"] = Reply(
         body=json.dumps({"name": "app", "tags": tags}).encode()
@@ -210,7 +219,7 @@ def test_truncated_manifest_is_listed_invalid(fake_upstream: FakeUpstream) -> No
     blob = {"errors": [{"code": "MANIFEST_UNKNOWN", "message": "manifest unknown"}]}
     fake_upstream.routes["/v2/app/manifests/1.0.0-gone"] = Reply(404, json.dumps(blob).encode())
 
-    index = _scan(fake_upstream.url, "app", "1.0.0")
+    index = _scan(fake_upstream.url, "app", "1.0.0", sync=sync)
     assert list(index.variants) == ["cpu"]
     invalid = {i.tag: i.error for i in index.invalid}
     assert sorted(invalid) == ["1.0.0-cut", "1.0.0-gone", "1.0.0-html"]
@@ -219,7 +228,8 @@ def test_truncated_manifest_is_listed_invalid(fake_upstream: FakeUpstream) -> No
     assert "MANIFEST_UNKNOWN" in invalid["1.0.0-gone"]
 
 
-def test_scan_concurrency_is_bounded(fake_upstream: FakeUpstream) -> None:
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+def test_scan_concurrency_is_bounded(sync: bool, fake_upstream: FakeUpstream) -> None:
     tags = [f"1.0.0-v{i}" for i in range(12)]
     fake_upstream.routes["/v2/app/tags/list"] = Reply(
         body=json.dumps({"name": "app", "tags": tags}).encode()
@@ -250,7 +260,7 @@ def test_scan_concurrency_is_bounded(fake_upstream: FakeUpstream) -> None:
             assert isinstance(route, Reply)
             fake_upstream.routes[path] = slow(route)
 
-    index = _scan(fake_upstream.url, "app", "1.0.0", max_concurrency=3)
+    index = _scan(fake_upstream.url, "app", "1.0.0", sync=sync, max_concurrency=3)
     assert len(index.variants) == 12
     assert bound_reached.is_set() and peak[0] == 3
 

@@ -10,7 +10,13 @@ from typing import Annotated
 import typer
 
 from docker_variant.cli.options import NoVerifyOpt, PlatformOpt, options_of
-from docker_variant.cli.output import emit_json, stderr_console, stdout_console, warn
+from docker_variant.cli.output import (
+    emit_json,
+    layer_progress,
+    stderr_console,
+    stdout_console,
+    warn,
+)
 from docker_variant.errors import InvalidInputError
 from docker_variant.render import built_table, published_table
 from docker_variant.variant import labels_for, parse_property
@@ -92,7 +98,8 @@ def push(
     no_verify: NoVerifyOpt = False,
 ) -> None:
     """Check the local image's variant labels against its tag and its binaries, then push it."""
-    from docker_variant.docker import Engine, LayerProgress, push_image
+    from docker_variant.docker.engine import Engine
+    from docker_variant.docker.ops import push_image
     from docker_variant.oci.reference import parse_reference
     from docker_variant.oci.source import refresh_proxy_index
     from docker_variant.publish.verify import verify_local
@@ -107,7 +114,7 @@ def push(
             show_progress=not opts.json,
             warn=warn,
         )
-        with LayerProgress("push", console=stderr_console(), enabled=not opts.json) as progress:
+        with layer_progress("push", shown=not opts.json) as progress:
             reference, variant = push_image(engine, ref, progress)
     label = variant.label if variant else None
     version = reference.tag[: -len(label) - 1] if label and reference.tag else reference.tag

@@ -15,7 +15,7 @@ import hashlib
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Generator, Mapping
+from collections.abc import AsyncIterator, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
@@ -59,6 +59,7 @@ __all__ = [
     "DEFAULT_RATE_LIMIT_WAIT",
     "Manifest",
     "Platform",
+    "Read",
     "RegistryClient",
     "SyncRegistryClient",
     "config_labels",
@@ -132,8 +133,10 @@ class _Get:
 
 _Answer = tuple[httpx.Response, bytes]
 _T = TypeVar("_T")
-#: A read: yields each GET it needs, is sent its answer (or has its error thrown in).
-_Read = Generator[_Get, _Answer, _T]
+#: A read: yields each GET it needs, is sent its answer (or has its error thrown in). The
+#: clients' ``read_*`` methods make them; ``run_all`` runs several (``oci.scan`` composes
+#: its own from them).
+Read = Generator[_Get, _Answer, _T]
 
 
 class _RegistryReads:
@@ -173,7 +176,7 @@ class _RegistryReads:
         self._wait_budget -= delay
         return delay
 
-    def _list_tags(self, repository: str, page_size: int | None) -> _Read[list[str]]:
+    def read_tags(self, repository: str, page_size: int | None) -> Read[list[str]]:
         check_repository(repository)
         what = f"tag list of {repository}"
         url = f"{self.base_url}/v2/{repository}/tags/list"
@@ -200,12 +203,12 @@ class _RegistryReads:
 
     def _get_manifest(
         self, repository: str, reference: str, platform: Platform | None
-    ) -> _Read[Manifest]:
-        top = yield from self._fetch_manifest(repository, reference)  # checks both names
+    ) -> Read[Manifest]:
+        top = yield from self.read_manifest(repository, reference)  # checks both names
         if not top.is_index:
             return top
         digest = _pick_platform(top, platform or self.platform, _name(repository, reference))
-        child = yield from self._fetch_manifest(repository, digest)
+        child = yield from self.read_manifest(repository, digest)
         if child.is_index:
             raise BadUpstreamResponseError(
                 f"manifest {_name(repository, digest)}: an index inside the index of "
@@ -213,7 +216,7 @@ class _RegistryReads:
             )
         return replace(child, index_digest=top.digest)
 
-    def _get_config(self, repository: str, manifest: Manifest) -> _Read[dict[str, Any]]:
+    def read_config(self, repository: str, manifest: Manifest) -> Read[dict[str, Any]]:
         check_repository(repository)
         digest = manifest.config_digest
         what = f"config blob {digest} of {repository}"
@@ -222,19 +225,19 @@ class _RegistryReads:
         _check_digest(body, digest, what, response)
         return _json_object(body, what, response)
 
-    def _get_labels(self, repository: str, manifest: Manifest) -> _Read[dict[str, str]]:
-        config = yield from self._get_config(repository, manifest)
+    def _get_labels(self, repository: str, manifest: Manifest) -> Read[dict[str, str]]:
+        config = yield from self.read_config(repository, manifest)
         url = f"{self.base_url}/v2/{repository}/blobs/{manifest.config_digest}"
         return config_labels(config, f"config blob {url}")
 
-    def _image_labels(self, repository: str, tag: str) -> _Read[tuple[str, dict[str, str]]]:
+    def _image_labels(self, repository: str, tag: str) -> Read[tuple[str, dict[str, str]]]:
         manifest = yield from self._get_manifest(repository, tag, None)
         labels = yield from self._get_labels(repository, manifest)
         return manifest.tag_digest, labels
 
     def _get_variant_index(
         self, repository: str, version: str, refresh: bool
-    ) -> _Read[VariantIndex | None]:
+    ) -> Read[VariantIndex | None]:
         check_repository(repository)
         check_manifest_reference(version)
         what = f"variant index of {repository}:{version}"
@@ -252,7 +255,7 @@ class _RegistryReads:
         except InvalidInputError as exc:
             raise _bad(str(exc), response) from exc
 
-    def _fetch_manifest(self, repository: str, reference: str) -> _Read[Manifest]:
+    def read_manifest(self, repository: str, reference: str) -> Read[Manifest]:
         check_repository(repository)
         check_manifest_reference(reference)
         what = f"manifest {_name(repository, reference)}"
@@ -342,7 +345,7 @@ class RegistryClient(_RegistryReads):
 
     async def list_tags(self, repository: str, *, page_size: int | None = None) -> list[str]:
         """Every tag, following ``Link: <...>; rel="next"`` pages."""
-        return await self._run(self._list_tags(repository, page_size))
+        return await self._run(self.read_tags(repository, page_size))
 
     async def get_manifest(
         self, repository: str, reference: str, *, platform: Platform | None = None
@@ -353,7 +356,7 @@ class RegistryClient(_RegistryReads):
 
     async def get_config(self, repository: str, manifest: Manifest) -> dict[str, Any]:
         """The image config blob named by ``manifest``, checked to be a JSON object."""
-        return await self._run(self._get_config(repository, manifest))
+        return await self._run(self.read_config(repository, manifest))
 
     async def get_labels(self, repository: str, manifest: Manifest) -> dict[str, str]:
         """``config.Labels`` of the image config that ``manifest`` names."""
@@ -373,7 +376,7 @@ class RegistryClient(_RegistryReads):
 
     async def fetch_manifest(self, repository: str, reference: str) -> Manifest:
         """The manifest or index at ``reference`` as it is (no platform resolution)."""
-        return await self._run(self._fetch_manifest(repository, reference))
+        return await self._run(self.read_manifest(repository, reference))
 
     async def stream_blob(
         self, repository: str, digest: str, *, chunk_size: int = 1 << 20
@@ -423,7 +426,7 @@ class RegistryClient(_RegistryReads):
         _check_stated_digest(response, body, digest, what)
         return digest
 
-    async def _run(self, read: _Read[_T]) -> _T:
+    async def _run(self, read: Read[_T]) -> _T:
         try:
             get = next(read)
             while True:
@@ -436,6 +439,21 @@ class RegistryClient(_RegistryReads):
         except StopIteration as done:
             result: _T = done.value
             return result
+
+    async def run_all(self, reads: Sequence[Read[_T]]) -> list[_T]:
+        """Run ``reads`` concurrently (at most ``max_concurrency`` requests in flight), their
+        results in order; the first error stops the others and is raised."""
+        import asyncio
+
+        tasks = [asyncio.ensure_future(self._run(read)) for read in reads]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            # gather leaves the other reads running; stop them before raising
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
 
     async def _get(self, get: _Get) -> _Answer:
         for attempt in range(_RATE_LIMIT_RETRIES + 1):
@@ -468,7 +486,8 @@ class SyncRegistryClient(_RegistryReads):
     """The same reads as ``RegistryClient``, one request at a time in the calling thread,
     over httpx's sync client: for a command that makes a few requests in a row (``pull``
     and ``resolve`` fetching a published or proxied index), which then loads neither
-    asyncio nor anyio and shares one HTTP stack with the engine client."""
+    asyncio nor anyio and shares one HTTP stack with the engine client. ``run_all`` runs
+    many reads (a tag scan) on up to ``max_concurrency`` threads."""
 
     def __init__(
         self,
@@ -477,12 +496,16 @@ class SyncRegistryClient(_RegistryReads):
         auth: httpx.Auth | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float | httpx.Timeout = 30.0,
+        max_concurrency: int = 8,
         platform: Platform | None = None,
         transport: httpx.BaseTransport | None = None,
         rate_limit_wait: float = DEFAULT_RATE_LIMIT_WAIT,
         tls: ssl.SSLContext | None = None,
     ) -> None:
+        if max_concurrency < 1:
+            raise InvalidInputError(f"max_concurrency must be at least 1, got {max_concurrency}")
         super().__init__(base_url, platform, rate_limit_wait)
+        self.max_concurrency = max_concurrency
         self._http = sync_client(
             base_url=self.base_url,
             auth=auth,
@@ -517,7 +540,7 @@ class SyncRegistryClient(_RegistryReads):
 
     def list_tags(self, repository: str, *, page_size: int | None = None) -> list[str]:
         """Every tag, following ``Link: <...>; rel="next"`` pages."""
-        return self._run(self._list_tags(repository, page_size))
+        return self._run(self.read_tags(repository, page_size))
 
     def get_manifest(
         self, repository: str, reference: str, *, platform: Platform | None = None
@@ -527,7 +550,7 @@ class SyncRegistryClient(_RegistryReads):
 
     def get_config(self, repository: str, manifest: Manifest) -> dict[str, Any]:
         """As ``RegistryClient.get_config``."""
-        return self._run(self._get_config(repository, manifest))
+        return self._run(self.read_config(repository, manifest))
 
     def get_labels(self, repository: str, manifest: Manifest) -> dict[str, str]:
         """As ``RegistryClient.get_labels``."""
@@ -545,9 +568,9 @@ class SyncRegistryClient(_RegistryReads):
 
     def fetch_manifest(self, repository: str, reference: str) -> Manifest:
         """As ``RegistryClient.fetch_manifest``."""
-        return self._run(self._fetch_manifest(repository, reference))
+        return self._run(self.read_manifest(repository, reference))
 
-    def _run(self, read: _Read[_T]) -> _T:
+    def _run(self, read: Read[_T]) -> _T:
         try:
             get = next(read)
             while True:
@@ -560,6 +583,24 @@ class SyncRegistryClient(_RegistryReads):
         except StopIteration as done:
             result: _T = done.value
             return result
+
+    def run_all(self, reads: Sequence[Read[_T]]) -> list[_T]:
+        """Run ``reads`` on up to ``max_concurrency`` threads sharing this client's
+        connections, their results in order; the first error cancels the reads not started
+        yet and is raised once the running ones are done."""
+        if self.max_concurrency == 1 or len(reads) < 2:
+            return [self._run(read) for read in reads]
+        from concurrent.futures import ThreadPoolExecutor
+
+        workers = min(self.max_concurrency, len(reads))
+        with ThreadPoolExecutor(workers, thread_name_prefix="registry-read") as pool:
+            futures = [pool.submit(self._run, read) for read in reads]
+            try:
+                return [future.result() for future in futures]
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
 
     def _get(self, get: _Get) -> _Answer:
         for attempt in range(_RATE_LIMIT_RETRIES + 1):

@@ -3,7 +3,9 @@
 Where it comes from, cheapest first: a variant image index at tag ``VERSION`` (one manifest
 request, no config blobs), else a scan of the tags ``VERSION`` and ``VERSION-*`` (a tag list,
 then a manifest and a config per image). Both feed ``build_index``, so the document is the
-same either way.
+same either way. A scan is written once, as batches of the clients' reads (``_scan_plan``),
+run concurrently by either client: on asyncio (the proxy, ``publish``) or on a few threads
+of the sync client (a command, which then loads no asyncio).
 
 One bad image never breaks the index: bad upstream data for a tag (a config that is not
 JSON, a malformed manifest) lists that tag under ``invalid``. What makes the whole index
@@ -12,12 +14,17 @@ unknowable (no credentials, no such repository, registry down) is raised.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Iterable
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from docker_variant.oci.client import Manifest, RegistryClient, config_labels
+from docker_variant.oci.client import (
+    Manifest,
+    Read,
+    RegistryClient,
+    SyncRegistryClient,
+    config_labels,
+)
 from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.errors import BadUpstreamResponseError, NotFoundError
 from docker_variant.oci.imageindex import IndexEntry, read_image_index, stated_platform
@@ -27,10 +34,14 @@ __all__ = [
     "VersionImages",
     "read_version",
     "scan_images",
+    "scan_images_sync",
     "scan_index",
     "scan_index_sync",
     "top_manifest",
 ]
+
+_T = TypeVar("_T")
+_Client = RegistryClient | SyncRegistryClient
 
 
 @dataclass(frozen=True)
@@ -77,34 +88,98 @@ async def scan_images(
     image index at ``version`` contributes its bare entries (the bare image it replaced).
     Requests run concurrently up to the client's ``max_concurrency``.
     """
-    tags = [
-        t for t in await client.list_tags(repository) if t == version or t.startswith(f"{version}-")
-    ]
-    fetches: list[Awaitable[list[IndexEntry] | ImageRecord]] = []
+    plan = _scan_plan(client, repository, version, top)
+    try:
+        batch = next(plan)
+        while True:
+            batch = plan.send(await client.run_all(batch))
+    except StopIteration as done:
+        images: VersionImages = done.value
+        return images
+
+
+def scan_images_sync(
+    client: SyncRegistryClient,
+    repository: str,
+    version: str,
+    *,
+    top: Manifest | None = None,
+) -> VersionImages:
+    """``scan_images`` with the sync client: its requests run on up to its
+    ``max_concurrency`` threads."""
+    plan = _scan_plan(client, repository, version, top)
+    try:
+        batch = next(plan)
+        while True:
+            batch = plan.send(client.run_all(batch))
+    except StopIteration as done:
+        images: VersionImages = done.value
+        return images
+
+
+#: A scan: yields batches of reads to run concurrently, is sent each batch's results in
+#: order, and returns what it found.
+_Plan = Generator[list[Read[Any]], list[Any], VersionImages]
+
+
+def _scan_plan(client: _Client, repository: str, version: str, top: Manifest | None) -> _Plan:
+    """Three batches: the tag list; each tag's manifest (``top`` is not fetched again);
+    each image's config, and for an index each platform's manifest and config."""
+    (listed,) = yield [client.read_tags(repository, None)]
+    tags = [t for t in listed if t == version or t.startswith(f"{version}-")]
+    unread = [t for t in tags if t != version or top is None]
+    fetched = yield [_guarded(t, "", client.read_manifest(repository, t)) for t in unread]
+    tops: dict[str, Manifest | ImageRecord] = dict(zip(unread, fetched, strict=True))
+    if top is not None and version in tags:
+        tops[version] = top
+    found: dict[str, list[IndexEntry] | ImageRecord] = {}
+    owners: list[str] = []  # the tag of each read of the last batch
+    reads: list[Read[IndexEntry | ImageRecord]] = []
     for tag in tags:
-        given = top if tag == version else None
-        fetches.append(_tag_images(client, repository, tag, version, given))
-    results = await _gather(fetches)
+        manifest = tops[tag]
+        if isinstance(manifest, ImageRecord):
+            found[tag] = manifest
+            continue
+        try:
+            published = (
+                read_image_index(manifest.data, version)
+                if tag == version and manifest.is_index
+                else None
+            )
+            images = (
+                [] if published is not None else _image_reads(client, repository, tag, manifest)
+            )
+        except BadUpstreamResponseError as exc:
+            found[tag] = ImageRecord(tag, manifest.digest, error=str(exc))
+            continue
+        if published is not None:  # re-publishing: keep the bare image the index replaced
+            found[tag] = [e for e in published if e.label is None]
+        elif not images:
+            found[tag] = ImageRecord(
+                tag, manifest.digest, error="an index without any platform's image"
+            )
+        else:
+            found[tag] = []
+            owners.extend([tag] * len(images))
+            reads.extend(_guarded(tag, manifest.digest, read) for read in images)
+    results = yield list(reads)
+    for tag, result in zip(owners, results, strict=True):
+        so_far = found[tag]
+        if isinstance(so_far, ImageRecord):
+            continue  # another image of the tag failed: the tag is listed invalid once
+        if isinstance(result, ImageRecord):
+            found[tag] = result
+        else:
+            so_far.append(result)
     entries: list[IndexEntry] = []
     errors: list[ImageRecord] = []
-    for result in results:
-        if isinstance(result, ImageRecord):
-            errors.append(result)
+    for tag in tags:
+        outcome = found[tag]
+        if isinstance(outcome, ImageRecord):
+            errors.append(outcome)
         else:
-            entries.extend(result)
+            entries.extend(outcome)
     return VersionImages(entries, errors)
-
-
-async def _gather(fetches: Iterable[Awaitable[Any]]) -> list[Any]:
-    tasks = [asyncio.ensure_future(f) for f in fetches]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        # gather leaves the other fetches running; stop them before raising
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
 
 
 async def top_manifest(client: RegistryClient, repository: str, tag: str) -> Manifest | None:
@@ -118,56 +193,47 @@ async def top_manifest(client: RegistryClient, repository: str, tag: str) -> Man
         return None
 
 
-async def _tag_images(
-    client: RegistryClient,
-    repository: str,
-    tag: str,
-    version: str,
-    top: Manifest | None,
-) -> list[IndexEntry] | ImageRecord:
-    digest = ""
+def _guarded(tag: str, digest: str, read: Read[_T]) -> Read[_T | ImageRecord]:
+    """``read``; or, when upstream data is bad or a tag or blob went away since the
+    listing, the tag listed invalid (a missing repository is raised: nothing of it can be
+    read)."""
     try:
-        if top is None:
-            top = await client.fetch_manifest(repository, tag)
-        digest = top.digest
-        if not top.is_index:
-            return [await _entry(client, repository, tag, top)]
-        published = read_image_index(top.data, version) if tag == version else None
-        if published is not None:  # re-publishing: keep the bare image the index replaced
-            return [e for e in published if e.label is None]
-        children = []
-        for descriptor in top.data["manifests"]:
-            platform = stated_platform(descriptor.get("platform"))
-            if platform is not None and platform.os != "unknown":  # not an attestation
-                children.append(_child_entry(client, repository, tag, str(descriptor["digest"])))
-        if not children:
-            return ImageRecord(tag, digest, error="an index without any platform's image")
-        return list(await _gather(children))
+        return (yield from read)
     except BadUpstreamResponseError as exc:
         return ImageRecord(tag, digest, error=str(exc))
     except NotFoundError as exc:
         if exc.code == ErrorCode.NAME_UNKNOWN:
-            raise  # the repository itself is gone
-        # a tag deleted since the listing, a missing config blob
+            raise
         return ImageRecord(tag, digest, error=str(exc))
 
 
-async def _child_entry(
-    client: RegistryClient, repository: str, tag: str, digest: str
-) -> IndexEntry:
-    child = await client.fetch_manifest(repository, digest)
+def _image_reads(
+    client: _Client, repository: str, tag: str, top: Manifest
+) -> list[Read[IndexEntry]]:
+    """A read of each image at ``tag``: the image itself, or each platform's image of an
+    index (not its attestations)."""
+    if not top.is_index:
+        return [_entry(client, repository, tag, top)]
+    reads = []
+    for descriptor in top.data["manifests"]:
+        platform = stated_platform(descriptor.get("platform"))
+        if platform is not None and platform.os != "unknown":  # not an attestation
+            reads.append(_child_entry(client, repository, tag, str(descriptor["digest"])))
+    return reads
+
+
+def _child_entry(client: _Client, repository: str, tag: str, digest: str) -> Read[IndexEntry]:
+    child = yield from client.read_manifest(repository, digest)
     if child.is_index:
         raise BadUpstreamResponseError(
             f"manifest {repository}@{digest}: an index inside the index of {repository}:{tag}; "
             "expected an image manifest"
         )
-    return await _entry(client, repository, tag, child)
+    return (yield from _entry(client, repository, tag, child))
 
 
-async def _entry(
-    client: RegistryClient, repository: str, tag: str, manifest: Manifest
-) -> IndexEntry:
-    config = await client.get_config(repository, manifest)
+def _entry(client: _Client, repository: str, tag: str, manifest: Manifest) -> Read[IndexEntry]:
+    config = yield from client.read_config(repository, manifest)
     where = f"config blob {manifest.config_digest} of {repository}:{tag}"
     return IndexEntry(
         tag=tag,
@@ -182,10 +248,7 @@ async def _entry(
 def scan_index_sync(
     base_url: str, repository: str, version: str, **client_kwargs: Any
 ) -> VariantIndex:
-    """``scan_index`` for synchronous callers; ``client_kwargs`` go to ``RegistryClient``."""
-
-    async def run() -> VariantIndex:
-        async with RegistryClient(base_url, **client_kwargs) as client:
-            return await scan_index(client, repository, version)
-
-    return asyncio.run(run())
+    """``scan_index`` for synchronous callers; ``client_kwargs`` go to
+    ``SyncRegistryClient``."""
+    with SyncRegistryClient(base_url, **client_kwargs) as client:
+        return scan_images_sync(client, repository, version).index(version)

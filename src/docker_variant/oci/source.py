@@ -47,10 +47,10 @@ async def fetch_index_async(client: RegistryClient, repository: str, version: st
 def fetch_index(ref: str | Reference) -> tuple[Reference, VariantIndex]:
     """Parse ``registry/name:version`` and fetch its index with Docker's credentials.
 
-    As ``fetch_index_async``, in this thread: the proxy's document or a published variant
-    image index is one or two requests in a row, made without asyncio (a command that then
-    talks to the engine uses one HTTP stack); only a scan of the tags, many requests, runs
-    them concurrently on asyncio."""
+    As ``fetch_index_async``, without asyncio (a command that then talks to the engine
+    uses one HTTP stack): the proxy's document or a published variant image index is one
+    or two requests in a row; a scan of the tags runs its many requests on a few threads
+    over the same client."""
     reference = parse_reference(ref) if isinstance(ref, str) else ref
     version = reference.tag
     if version is None:
@@ -59,10 +59,10 @@ def fetch_index(ref: str | Reference) -> tuple[Reference, VariantIndex]:
         )
     with SyncRegistryClient.for_registry(reference.registry) as client:
         found, top = _published_index(client, reference.repository, version)
-    if found is None:
-        import asyncio  # only here: a command that needs no scan loads no asyncio
+        if found is None:
+            from docker_variant.oci.scan import scan_images_sync
 
-        found = asyncio.run(_scan(reference, version, top))
+            found = scan_images_sync(client, reference.repository, version, top=top).index(version)
     if not found.variants and found.bare is None and not found.invalid:
         # As `docker pull` of a missing tag: an error, not "nothing fits this host".
         raise NotFoundError(
@@ -96,14 +96,6 @@ def _published_index(
         if entries is not None:
             return build_index(version, [e.record() for e in entries]), top
     return None, top
-
-
-async def _scan(reference: Reference, version: str, top: Manifest | None) -> VariantIndex:
-    from docker_variant.oci.scan import scan_images
-
-    async with RegistryClient.for_registry(reference.registry) as client:
-        images = await scan_images(client, reference.repository, version, top=top)
-    return images.index(version)
 
 
 def download_index(
