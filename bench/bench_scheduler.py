@@ -387,12 +387,14 @@ async def http_figures(url: str, pid: int, agents: int, placements: int) -> None
     ]
     for what, (per_s, cpu_ms) in figures:
         print(f"  {what:40s}{per_s:8.0f} /s  {cpu_ms:6.2f} ms CPU")
-    for clients, placed, healthz in ((1, one, floor), (8, many, floor_8)):
+    # like with like (as many clients), and 8 clients against the one-client floor, as the
+    # figure was first stated
+    comparisons = [("1 client", one, floor), ("8 clients", many, floor_8)]
+    comparisons.append(("8 clients vs /healthz 1 client", many, floor))
+    for what, placed, healthz in comparisons:
         ratio = placed[0] / healthz[0]
         verdict = "met" if ratio >= 0.5 else "NOT met"
-        print(
-            f"  placements / healthz, {clients} client(s)    {ratio:8.2f}  (aim >= 0.5: {verdict})"
-        )
+        print(f"  placements / healthz, {what:30s}{ratio:6.2f}  (aim >= 0.5: {verdict})")
     print(f"  load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
