@@ -80,6 +80,7 @@ _NOT_FOR_RESOLVE = (
     "httpx",
     "ssl",
     "importlib.metadata",  # for the detection cache's key: no detection with --providers-file
+    "variantlib.models.variant",  # selection needs only variantlib's grammar
 )
 
 
@@ -306,6 +307,7 @@ _NOT_FOR_A_PIPED_PULL = (
     "asyncio",
     "anyio._backends._asyncio",  # httpcore's async backend: the second HTTP stack
     "typer.rich_utils",
+    "variantlib.models.variant",
 )
 _NOT_FOR_A_DRY_RUN = (*_NOT_FOR_A_PIPED_PULL, "docker_variant.docker.engine")
 

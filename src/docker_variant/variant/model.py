@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from variantlib.constants import (
     NULL_VARIANT_LABEL,
@@ -20,10 +20,12 @@ from variantlib.constants import (
     VALIDATION_VALUE_REGEX,
     VALIDATION_VARIANT_LABEL_REGEX,
 )
-from variantlib.models.variant import VariantDescription, VariantProperty
 
 from docker_variant import vendors
 from docker_variant.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from variantlib.models.variant import VariantDescription
 
 __all__ = [
     "ACCELERATOR_FIRST_CPU_NAMESPACES",
@@ -183,6 +185,10 @@ class Variant:
 
     def to_description(self) -> VariantDescription:
         """The same variant as a variantlib ``VariantDescription``."""
+        # imported here: variantlib's models cost ~20 ms to import, and selecting needs
+        # only its grammar (the regexes above)
+        from variantlib.models.variant import VariantDescription, VariantProperty
+
         return VariantDescription(
             properties=[
                 VariantProperty(p.namespace, p.feature, p.value) for p in self.iter_properties()
