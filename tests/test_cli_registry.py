@@ -44,14 +44,8 @@ def test_credentials_from_docker_config(
     good.mkdir()
     auth = base64.b64encode(b"alice:wonderland").decode()
     (good / "config.json").write_text(json.dumps({"auths": {private.host: {"auth": auth}}}))
-    result = run_cli(
-        "resolve",
-        "--providers-file",
-        str(providers),
-        ref,
-        env={"DOCKER_CONFIG": str(good)},
-        tmp=tmp_path,
-    )
+    given = ("--providers-file", str(providers), ref)
+    result = run_cli("resolve", *given, env={"DOCKER_CONFIG": str(good)}, tmp=tmp_path)
     assert (result.returncode, result.stdout) == (0, f"{ref}-cu128\n"), result.stderr
 
     wrong = tmp_path / "wrong"
@@ -61,14 +55,7 @@ def test_credentials_from_docker_config(
     none = tmp_path / "none"
     none.mkdir()
     for config in (wrong, none):
-        refused = run_cli(
-            "ls",
-            "--providers-file",
-            str(providers),
-            ref,
-            env={"DOCKER_CONFIG": str(config)},
-            tmp=tmp_path,
-        )
+        refused = run_cli("ls", *given, env={"DOCKER_CONFIG": str(config)}, tmp=tmp_path)
         assert refused.returncode == 3, refused.stderr
         assert "401" in refused.stderr and "Traceback" not in refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1

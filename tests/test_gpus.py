@@ -184,46 +184,17 @@ def test_without_gpus_ls_says_which_variants_fit_only_some_devices(
 
 
 def test_heterogeneous_amd_host_root(files: dict[str, str], tmp_path: Path) -> None:
-    root = str(HOSTS / "mi210-navi31")
+    root = ("--host-root", str(HOSTS / "mi210-navi31"))
+    resolve = (*root, "resolve", "--index", files["amd_set"])
     for gpus, label in (("device=0", "rocm63gfx90a"), ("device=1", "rocm63gfx1100")):
-        done = run_cli(
-            "--host-root",
-            root,
-            "resolve",
-            "--index",
-            files["amd_set"],
-            "--gpus",
-            gpus,
-            tmp=tmp_path,
-        )
+        done = run_cli(*resolve, "--gpus", gpus, tmp=tmp_path)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == f"1.0.0-{label}"
-    done = run_cli(
-        "--host-root",
-        root,
-        "resolve",
-        "--index",
-        files["amd_set"],
-        "--gpus",
-        "all",
-        "--json",
-        tmp=tmp_path,
-    )
+    done = run_cli(*resolve, "--gpus", "all", "--json", tmp=tmp_path)
     assert json.loads(done.stdout)["label"] == "null"  # neither build runs on both GPUs
-    done = run_cli(
-        "--host-root", root, "ls", "--index", files["amd_set"], "--gpus", "all", tmp=tmp_path
-    )
+    done = run_cli(*root, "ls", "--index", files["amd_set"], "--gpus", "all", tmp=tmp_path)
     assert "does not fit device" in done.stdout
-    done = run_cli(
-        "--host-root",
-        root,
-        "resolve",
-        "--index",
-        files["amd_set"],
-        "--gpus",
-        "device=7",
-        tmp=tmp_path,
-    )
+    done = run_cli(*resolve, "--gpus", "device=7", tmp=tmp_path)
     assert done.returncode == 2 and "device 7 does not exist" in done.stderr
     assert "Traceback" not in done.stderr
 

@@ -102,17 +102,28 @@ def report_no_match(selection: Selection, target: Target) -> None:
         sys.stderr.write("  (the version has no images)\n")
 
 
+#: REF of ``ls`` and ``resolve`` (``--index`` instead is allowed).
+OptionalRefArg = Annotated[str | None, typer.Argument(help="registry/name:version")]
+
+
+def _selection(
+    ctx: typer.Context, ref: str | None, index: str | None, platform: str | None, gpus: str | None
+) -> tuple[Options, Target, Selection]:
+    """What ``ls`` and ``resolve`` show: the options, the index and its selection."""
+    opts = options_of(ctx)
+    target = target_of(ref, index)
+    return opts, target, select_for_host(opts, target, platform, gpus)
+
+
 def ls_(
     ctx: typer.Context,
-    ref: Annotated[str | None, typer.Argument(help="registry/name:version")] = None,
+    ref: OptionalRefArg = None,
     index: IndexOpt = None,
     platform: PlatformOpt = None,
     gpus: GpusOpt = None,
 ) -> None:
     """List every variant: compatible or not (with the reason), rank and tag."""
-    opts = options_of(ctx)
-    target = target_of(ref, index)
-    selection = select_for_host(opts, target, platform, gpus)
+    opts, target, selection = _selection(ctx, ref, index, platform, gpus)
     if opts.json:
         data = selection_json(selection, str(target.reference) if target.reference else None)
         notes = {c.label: c.devices_note for c in selection.ranked if c.devices_note}
@@ -127,15 +138,13 @@ def ls_(
 
 def resolve(
     ctx: typer.Context,
-    ref: Annotated[str | None, typer.Argument(help="registry/name:version")] = None,
+    ref: OptionalRefArg = None,
     index: IndexOpt = None,
     platform: PlatformOpt = None,
     gpus: GpusOpt = None,
 ) -> None:
     """Print the reference of the best variant for this host."""
-    opts = options_of(ctx)
-    target = target_of(ref, index)
-    selection = select_for_host(opts, target, platform, gpus)
+    opts, target, selection = _selection(ctx, ref, index, platform, gpus)
     best = selection.best
     if best is None:
         if opts.json:

@@ -150,7 +150,16 @@ class _RegistryReads:
     naming the limit.
     """
 
-    def __init__(self, base_url: str, platform: Platform | None, rate_limit_wait: float) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        platform: Platform | None,
+        rate_limit_wait: float,
+        max_concurrency: int,
+    ) -> None:
+        if max_concurrency < 1:
+            raise InvalidInputError(f"max_concurrency must be at least 1, got {max_concurrency}")
+        self.max_concurrency = max_concurrency
         self.base_url = base_url.rstrip("/")
         self.platform = platform or host_platform()
         self.rate_limit_wait = rate_limit_wait
@@ -304,11 +313,9 @@ class RegistryClient(_RegistryReads):
         rate_limit_wait: float = DEFAULT_RATE_LIMIT_WAIT,
         tls: ssl.SSLContext | None = None,
     ) -> None:
-        if max_concurrency < 1:
-            raise InvalidInputError(f"max_concurrency must be at least 1, got {max_concurrency}")
         import asyncio  # here: the sync client's commands load no asyncio
 
-        super().__init__(base_url, platform, rate_limit_wait)
+        super().__init__(base_url, platform, rate_limit_wait, max_concurrency)
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._http = async_client(
             base_url=self.base_url,
@@ -502,10 +509,7 @@ class SyncRegistryClient(_RegistryReads):
         rate_limit_wait: float = DEFAULT_RATE_LIMIT_WAIT,
         tls: ssl.SSLContext | None = None,
     ) -> None:
-        if max_concurrency < 1:
-            raise InvalidInputError(f"max_concurrency must be at least 1, got {max_concurrency}")
-        super().__init__(base_url, platform, rate_limit_wait)
-        self.max_concurrency = max_concurrency
+        super().__init__(base_url, platform, rate_limit_wait, max_concurrency)
         self._http = sync_client(
             base_url=self.base_url,
             auth=auth,
