@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
         "numbers",
         "jsondoc",
         "tomldoc",
+        "textdoc",
         "safetext",
         "retry",
         "localcache",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from docker_variant.errors import InvalidInputError, one_line
+from docker_variant.textdoc import decode_utf8, nested_deeper
 
 __all__ = ["MAX_BYTES", "MAX_DEPTH", "load_json", "read_json_file", "read_json_stream"]
 
@@ -29,21 +30,6 @@ MAX_BYTES = 64 << 20
 _TOKENS = re.compile(r'"(?:[^"\\]++|\\.)*+"|[\[\]{}]')
 
 
-def _check_depth(text: str, what: str, limit: int) -> None:
-    depth = 0
-    for match in _TOKENS.finditer(text):
-        char = match.group()
-        if char in "[{":
-            depth += 1
-            if depth > limit:
-                raise InvalidInputError(
-                    f"{what}: JSON nested more than {limit} levels deep; documents here "
-                    "need at most a few"
-                )
-        elif char in "]}":
-            depth -= 1
-
-
 def load_json(
     data: bytes | str, what: str, *, max_depth: int = MAX_DEPTH, max_bytes: int = MAX_BYTES
 ) -> Any:
@@ -51,18 +37,13 @@ def load_json(
     errors."""
     if len(data) > max_bytes:  # text: characters, each at least one byte
         raise InvalidInputError(f"{what}: larger than the {max_bytes} bytes allowed")
-    if isinstance(data, bytes):
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidInputError(
-                f"{what}: not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}); "
-                "JSON documents must be UTF-8"
-            ) from None
-    else:
-        text = data
+    text = decode_utf8(data, what, "JSON documents") if isinstance(data, bytes) else data
     text = text.removeprefix("\ufeff")  # a byte-order mark is harmless; say nothing
-    _check_depth(text, what, max_depth)
+    if nested_deeper(text, _TOKENS, max_depth):
+        raise InvalidInputError(
+            f"{what}: JSON nested more than {max_depth} levels deep; documents here "
+            "need at most a few"
+        )
     try:
         return json.loads(text)
     except RecursionError:  # pragma: no cover - the depth check comes first

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from docker_variant.errors import InvalidInputError, one_line
+from docker_variant.textdoc import decode_utf8, nested_deeper
 
 __all__ = ["MAX_BYTES", "MAX_DEPTH", "load_toml", "read_toml_file"]
 
@@ -36,35 +37,18 @@ _TOKENS = re.compile(
 )
 
 
-def _check_depth(text: str, what: str, limit: int) -> None:
-    depth = 0
-    for match in _TOKENS.finditer(text):
-        char = match.group()
-        if char in "[{":
-            depth += 1
-            if depth > limit:
-                raise InvalidInputError(
-                    f"{what}: arrays or tables nested more than {limit} levels deep; "
-                    "files here need at most a few"
-                )
-        elif char in "]}":
-            depth -= 1
-
-
 def load_toml(
     data: bytes, what: str, *, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH
 ) -> dict[str, Any]:
     """Parse ``data`` of at most ``max_bytes``; ``what`` names it in errors."""
     if len(data) > max_bytes:
         raise InvalidInputError(f"{what}: larger than the {max_bytes} bytes allowed")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
+    text = decode_utf8(data, what, "TOML files")
+    if nested_deeper(text, _TOKENS, max_depth):
         raise InvalidInputError(
-            f"{what}: not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}); "
-            "TOML files must be UTF-8"
-        ) from None
-    _check_depth(text, what, max_depth)
+            f"{what}: arrays or tables nested more than {max_depth} levels deep; "
+            "files here need at most a few"
+        )
     try:
         return tomllib.loads(text)
     except RecursionError:  # pragma: no cover - the depth check comes first
