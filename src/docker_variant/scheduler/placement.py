@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 from itertools import chain, islice, repeat
 from typing import Any
 
-from docker_variant.scheduler.documents import SHARE
+from docker_variant.scheduler.documents import SHARE, PlacementRequest
 from docker_variant.scheduler.pool import (
     Device,
     NaturalKey,
@@ -75,6 +75,7 @@ __all__ = [
     "Refusal",
     "candidate_key",
     "plan",
+    "plan_request",
 ]
 
 BARE = "(bare)"
@@ -393,6 +394,21 @@ def plan(
     if found is not None:
         return _on_platform(replace(found, shares=shares), index)
     return Refusal(search.reasons(index))
+
+
+def plan_request(
+    index: VariantIndex, pool: Pool, request: PlacementRequest, judge: Judge | None = None
+) -> Plan | Refusal:
+    """``plan`` for a placement request: what ``Store.place`` and what-if both plan."""
+    return plan(
+        index,
+        pool,
+        request.nodes,
+        request.devices_per_node,
+        device_name=request.device_name,
+        shares=request.shares,
+        judge=judge,
+    )
 
 
 def _on_platform(found: Plan, index: VariantIndex) -> Plan:

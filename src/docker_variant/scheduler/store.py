@@ -45,6 +45,7 @@ from docker_variant.scheduler.placement import (
     Plan,
     Refusal,
     plan,
+    plan_request,
 )
 from docker_variant.scheduler.pool import Pool, pool_shares
 from docker_variant.scheduler.poolcache import PoolCache, apply_changes
@@ -222,14 +223,8 @@ class Store:
         """Plan on the pool in memory and commit; on a conflict, plan again (all or nothing)."""
 
         def planned(pool: Pool) -> Plan | Refusal:
-            return plan(
-                index,
-                pool,
-                request.nodes,
-                request.devices_per_node,
-                device_name=request.device_name,
-                shares=request.shares,
-                judge=self._judges.judge(index, self.cache.profiles),
+            return plan_request(
+                index, pool, request, self._judges.judge(index, self.cache.profiles)
             )
 
         def attempt() -> dict[str, Any] | Refusal:

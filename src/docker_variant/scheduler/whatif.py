@@ -44,7 +44,7 @@ from docker_variant.scheduler.documents import (
     parse_agent_report,
     parse_placement_request,
 )
-from docker_variant.scheduler.placement import BARE, Judge, Plan, Refusal, plan
+from docker_variant.scheduler.placement import BARE, Judge, Plan, Refusal, plan_request
 from docker_variant.scheduler.pool import Node, Pool, build_pool
 from docker_variant.variant.index import VariantIndex
 
@@ -209,18 +209,6 @@ def parse_template(data: object, where: str) -> NodeTemplate:
 # --------------------------------------------------------------------------- answer
 
 
-def _plan(index: VariantIndex, pool: Pool, request: PlacementRequest) -> Plan | Refusal:
-    """The request planned as ``Store.place`` plans it."""
-    return plan(
-        index,
-        pool,
-        request.nodes,
-        request.devices_per_node,
-        device_name=request.device_name,
-        shares=request.shares,
-    )
-
-
 class _Budget:
     """Plans run against a deadline, checked before each one."""
 
@@ -237,7 +225,7 @@ class _Budget:
                 f"{self.plans} plans (ask for fewer nodes or fewer templates)"
             )
         self.plans += 1
-        return _plan(index, pool, request)
+        return plan_request(index, pool, request)
 
 
 def _label(found: Plan) -> str | None:
