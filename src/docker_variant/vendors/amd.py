@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from docker_variant.numbers import DIGITS
-from docker_variant.vendors.base import DraMapping, NamespaceRules, ValueRule
+from docker_variant.vendors.base import DraMapping, NamespaceRules, ValueRule, clauses_in_order
 
 __all__ = [
     "DEVICES",
@@ -308,19 +308,9 @@ def dra_clauses(feature: str, values: Sequence[str], limit: int) -> tuple[list[s
     """``gfx_arch`` values as the PCI device IDs of their products; ``rocm_version`` values
     as the ranges of driver versions whose release runs them."""
     make = {"gfx_arch": _gfx_clause, "rocm_version": _rocm_clause}.get(feature)
-    clauses: list[str] = []
-    left_out: list[str] = []
     if make is None:
-        return clauses, left_out
-    for value in newest_first(feature, values):
-        clause = make(value)
-        if clause is None or clause in clauses:
-            continue
-        if len(clauses) == limit:
-            left_out.append(value)
-            continue
-        clauses.append(clause)
-    return clauses, left_out
+        return [], []
+    return clauses_in_order(newest_first(feature, values), make, limit)
 
 
 RULES = NamespaceRules(

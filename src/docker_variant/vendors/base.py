@@ -20,6 +20,7 @@ __all__ = [
     "NamespaceRules",
     "OrderKey",
     "ValueRule",
+    "clauses_in_order",
     "natural_key",
     "newest_first_natural",
 ]
@@ -47,6 +48,24 @@ def natural_key(value: str) -> tuple[tuple[int, int, str], ...]:
 
 def newest_first_natural(values: Iterable[str]) -> list[str]:
     return sorted(dict.fromkeys(values), key=natural_key, reverse=True)
+
+
+def clauses_in_order(
+    values: Iterable[str], make: Callable[[str], str | None], limit: int
+) -> tuple[list[str], list[str]]:
+    """A DRA selector's clauses for ``values`` (in the order given, newest first), at most
+    ``limit`` of them and none twice; the values left out past the limit come second."""
+    clauses: list[str] = []
+    left_out: list[str] = []
+    for value in values:
+        clause = make(value)
+        if clause is None or clause in clauses:
+            continue
+        if len(clauses) == limit:
+            left_out.append(value)
+            continue
+        clauses.append(clause)
+    return clauses, left_out
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from functools import partial
 
 from docker_variant.numbers import DIGITS
-from docker_variant.vendors.base import DraMapping, NamespaceRules, ValueRule
+from docker_variant.vendors.base import DraMapping, NamespaceRules, ValueRule, clauses_in_order
 
 __all__ = [
     "DRA_DOMAIN",
@@ -279,9 +280,9 @@ def dra_clauses(feature: str, values: Sequence[str], limit: int) -> tuple[list[s
     and the values left out beyond it. ``sm_arch`` values of one major merge into one
     alternative, the lowest minor's: the same devices, said once."""
     ordered = newest_first(feature, values)
-    clauses: list[str] = []
-    left_out: list[str] = []
     if feature == "sm_arch":
+        clauses: list[str] = []
+        left_out: list[str] = []
         lowest: dict[int, int] = {}  # major -> lowest minor, majors newest first
         for value in ordered:
             requirement = _sm_requirement(value)
@@ -299,15 +300,7 @@ def dra_clauses(feature: str, values: Sequence[str], limit: int) -> tuple[list[s
             else:
                 clauses.append(f"{cc}.major() == {major} && {cc}.minor() >= {minor}")
         return clauses, left_out
-    for value in ordered:
-        clause = dra_clause(feature, value)
-        if clause is None or clause in clauses:
-            continue
-        if len(clauses) == limit:
-            left_out.append(value)
-            continue
-        clauses.append(clause)
-    return clauses, left_out
+    return clauses_in_order(ordered, partial(dra_clause, feature), limit)
 
 
 def dra_clause(feature: str, value: str) -> str | None:
