@@ -11,6 +11,7 @@ from docker_variant import vendors
 from docker_variant.errors import InvalidInputError
 from docker_variant.providers import HostRoot, detect_host
 from docker_variant.providers.amd import detect, parse_properties, read_gpus
+from docker_variant.vendors import amd as amd_rules
 
 HOSTS = Path(__file__).parent / "fixtures" / "hostroot"
 NO_CONFIG = {"HOME": "/nonexistent", "XDG_CONFIG_HOME": "/nonexistent"}
@@ -50,8 +51,10 @@ def test_heterogeneous_host_lists_each_gpu_with_its_own_target() -> None:
 
 def test_mi355x_and_mi250x() -> None:
     host, devices = amd_of("mi355x")
-    assert host == {"gfx_arch": ["gfx950"], "rocm_version": ["7.0", "6.4", "6.3", "6.2"]}
+    # driver 30.10 runs ROCm 6.2 to 7.0, but the MI350 series needs 7.0 (the host's ROCm 7.0)
+    assert host == {"gfx_arch": ["gfx950"], "rocm_version": ["7.0"]}
     assert len(devices) == 8
+    assert all(lists["rocm_version"] == ["7.0"] for lists in devices.values())
     host, devices = amd_of("mi250x")
     assert host["gfx_arch"] == ["gfx90a"] and len(devices) == 2  # two GCDs, two devices
     assert host["rocm_version"] == ["7.0", "6.4", "6.3", "6.2", "6.1", "6.0"]  # driver 6.8.5
@@ -108,3 +111,12 @@ def test_detect_host_reads_under_the_host_root_and_says_who_answered() -> None:
     assert detect_host(env=env, use_cache=False).host["amd"]["gfx_arch"] == ["gfx1100", "gfx90a"]
     with pytest.raises(InvalidInputError, match="--host-root"):
         detect_host(env=NO_CONFIG, host_root=HOSTS / "nowhere", use_cache=False)
+
+
+def test_a_target_lists_only_the_releases_that_run_it() -> None:
+    releases = ["7.0", "6.4", "6.3", "6.2"]
+    assert amd_rules.releases_for("gfx950", releases) == ["7.0"]
+    assert amd_rules.releases_for("gfx1201", releases) == ["7.0", "6.4"]
+    assert amd_rules.releases_for("gfx942", releases) == releases
+    assert not amd_rules.device_runs("rocm_version", "6.4", "gfx950", (6, 14, 14))
+    assert amd_rules.device_runs("rocm_version", "6.4", "gfx942", (6, 14, 14))

@@ -169,8 +169,16 @@ def detect(root: HostRoot, env: Mapping[str, str]) -> AmdReport:
         lists: dict[str, list[str]] = {}
         if gfx_list:
             lists["gfx_arch"] = gfx_list
-        if releases and gfx_list:
-            lists["rocm_version"] = releases
+        # a forced release is the user's word; else only releases that run one of the targets
+        runs = (
+            releases
+            if rocm is not None
+            else [
+                r for r in releases if any(r in rules.releases_for(g, releases) for g in gfx_list)
+            ]
+        )
+        if runs and gfx_list:
+            lists["rocm_version"] = runs
         return lists
 
     # a forced list keeps its order; detected targets go newest first

@@ -39,6 +39,7 @@ __all__ = [
     "DRA_DOMAIN",
     "DRIVER_RELEASES",
     "FEATURES",
+    "FIRST_ROCM",
     "HOMOGENEOUS_ATTRIBUTE",
     "NAMESPACE",
     "PCI_VENDOR",
@@ -55,6 +56,7 @@ __all__ = [
     "gfx_value",
     "newest_first",
     "product_name",
+    "releases_for",
     "rocm_releases",
     "rocm_value",
     "target_of_device",
@@ -119,6 +121,11 @@ ROCM_SUPPORT: dict[str, tuple[str, ...]] = {
     "6.1": ("6.4", "6.3", "6.2", "6.1", "6.0", "5.7"),
     "6.0": ("6.2", "6.1", "6.0", "5.7", "5.6"),
 }
+# gfx target -> the first ROCm release that runs it, for targets newer than the oldest
+# releases the driver table lists (ROCm release notes: 7.0.0 added the Instinct MI350 series,
+# 6.4.1 the Radeon RX 9000 series). A driver that runs ROCm 6.2 does not make 6.2 run there.
+FIRST_ROCM: dict[str, tuple[int, int]] = {"gfx950": (7, 0), "gfx1201": (6, 4)}
+
 # amdgpu module version (the DKMS package's) -> driver release, oldest first.
 DRIVER_RELEASES: tuple[tuple[Version, str], ...] = (
     ((6, 3, 6), "6.0"),
@@ -189,12 +196,20 @@ def rocm_releases(module_version: Version | None) -> list[str]:
     return list(ROCM_SUPPORT.get(release, ())) if release else []
 
 
+def releases_for(gfx: str, releases: Sequence[str]) -> list[str]:
+    """Of ``releases`` (newest first), those that run a GPU of target ``gfx``."""
+    first = FIRST_ROCM.get(gfx)
+    if first is None:
+        return list(releases)
+    return [r for r in releases if (v := rocm_value(r)) is not None and v >= first]
+
+
 def device_runs(feature: str, value: str, gfx: str, module_version: Version | None) -> bool:
     """Whether a GPU of target ``gfx`` on a driver of ``module_version`` lists ``value``."""
     if feature == "gfx_arch":
         return value == gfx
     if feature == "rocm_version":
-        return value in rocm_releases(module_version)
+        return value in releases_for(gfx, rocm_releases(module_version))
     return False
 
 
