@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -190,11 +190,15 @@ class _Gunzip:
         return b""
 
 
-def _read_head(raw: Readable, size: int) -> bytes:
-    parts: list[bytes] = []
-    have = 0
+def _read_exactly(read: Callable[[int], bytes], size: int) -> bytes:
+    """Exactly ``size`` bytes from ``read``, fewer only where the stream ends (a read may
+    return less than asked: a socket, a decompressor's window)."""
+    first = read(size)
+    if len(first) == size or not first:
+        return first
+    parts, have = [first], len(first)
     while have < size:
-        data = raw.read(size - have)
+        data = read(size - have)
         if not data:
             break
         parts.append(data)
@@ -205,7 +209,7 @@ def _read_head(raw: Readable, size: int) -> bytes:
 def open_layer(raw: Readable, name: str, limits: TarLimits | None = None) -> TarStream:
     """The tar stream of a layer read from ``raw``: gzip or plain tar, told by its first
     bytes; anything else (zstd included) is one ``ContentsError``."""
-    head = _read_head(raw, BLOCK)
+    head = _read_exactly(raw.read, BLOCK)
     stats = TarStats()
     source: _Source
     if head.startswith(GZIP_MAGIC):
@@ -316,17 +320,7 @@ class TarStream:
 
     def _take(self, size: int) -> bytes:
         """Exactly ``size`` bytes, fewer only where the stream ends."""
-        first = self._read(size)
-        if len(first) == size or not first:
-            return first
-        parts, have = [first], len(first)
-        while have < size:
-            data = self._read(size - have)
-            if not data:
-                break
-            parts.append(data)
-            have += len(data)
-        return b"".join(parts)
+        return _read_exactly(self._read, size)
 
     def _peek(self, size: int) -> bytes:
         left = len(self._buffer) - self._at
