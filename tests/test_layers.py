@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
         "safetext",
         "retry",
         "localcache",
+        "lazy",
         "openapi",
         "oci.grammar",
         "oci.mediatypes",

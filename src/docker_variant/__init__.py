@@ -5,7 +5,7 @@ The package map, bottom first. Each layer imports only its own layer and those b
 
 - base rules every layer may use: ``errors`` (one exception tree, each error with its exit
   code), ``numbers``, ``jsondoc`` and ``tomldoc`` (bounded readers of untrusted numbers, JSON
-  and TOML, sharing ``textdoc``), ``safetext`` (untrusted text made safe to print), ``retry`` (jittered backoff),
+  and TOML, sharing ``textdoc``), ``safetext`` (untrusted text made safe to print), ``retry`` (jittered backoff), ``lazy`` (package attributes imported on first use),
   ``localcache``, ``openapi`` (the servers' API documents), and the pure wire rules of
   ``oci``: ``oci.grammar``, ``oci.mediatypes``, ``oci.errcode``
 - ``vendors``   one module per accelerator vendor: value grammar and order, what runs where,

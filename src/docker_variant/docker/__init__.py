@@ -12,8 +12,9 @@ client, and a pull whose output is a pipe needs no rich.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from docker_variant.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from docker_variant.docker.engine import Engine, EngineError, engine_host
@@ -54,10 +55,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value  # asked once
-    return value
+__getattr__ = lazy_attributes(__name__, _HOMES)

@@ -8,8 +8,9 @@ the command line's parsing can use them without the cost of the client.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from docker_variant.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from docker_variant.oci.auth import (
@@ -84,10 +85,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value  # asked once
-    return value
+__getattr__ = lazy_attributes(__name__, _HOMES)
