@@ -122,3 +122,22 @@ def gzip_of_zeros(path: Path, size: int = ZEROS_MEMBER) -> Path:
         out.write(deflate.compress(end) + deflate.flush())
         out.write(struct.pack("<II", crc, total & 0xFFFFFFFF))
     return path
+
+
+#: A tar member to write: bytes a file, str a symlink target, None a directory.
+Member = tuple[str, "bytes | str | None"]
+
+
+def add_members(archive: tarfile.TarFile, entries: list[Member]) -> None:
+    """Write ``(name, content)`` members into ``archive``."""
+    for name, content in entries:
+        info = tarfile.TarInfo(name)
+        if content is None:
+            info.type = tarfile.DIRTYPE
+            archive.addfile(info)
+        elif isinstance(content, str):
+            info.type, info.linkname = tarfile.SYMTYPE, content
+            archive.addfile(info)
+        else:
+            info.size = len(content)
+            archive.addfile(info, io.BytesIO(content))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from crafted import add_members
 from docker_variant.contents.elf import ElfError, gnu_properties, read_elf
 from docker_variant.contents.evidence import (
     CUDA_RUNTIME,
@@ -95,17 +96,7 @@ def _tar(entries: list[tuple[str, bytes | str | None]], *, gz: bool = False) -> 
     """A layer from ``(name, content)``: bytes a file, str a symlink target, None a dir."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz" if gz else "w") as archive:
-        for name, content in entries:
-            info = tarfile.TarInfo(name)
-            if content is None:
-                info.type = tarfile.DIRTYPE
-                archive.addfile(info)
-            elif isinstance(content, str):
-                info.type, info.linkname = tarfile.SYMTYPE, content
-                archive.addfile(info)
-            else:
-                info.size = len(content)
-                archive.addfile(info, io.BytesIO(content))
+        add_members(archive, entries)
     return buffer.getvalue()
 
 

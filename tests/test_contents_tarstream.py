@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from crafted import ZEROS_MEMBER, gzip_of_zeros
+from crafted import ZEROS_MEMBER, add_members, gzip_of_zeros
 from docker_variant.contents.tarstream import (
     CHUNK,
     ContentsError,
@@ -172,17 +172,7 @@ def test_members_as_tarfile_reads_them(form: int) -> None:
         target = "usr/lib/short"
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=form) as archive:
-        for name, content in entries:
-            info = tarfile.TarInfo(name)
-            if content is None:
-                info.type = tarfile.DIRTYPE
-                archive.addfile(info)
-            elif isinstance(content, str):
-                info.type, info.linkname = tarfile.SYMTYPE, content
-                archive.addfile(info)
-            else:
-                info.size = len(content)
-                archive.addfile(info, io.BytesIO(content))
+        add_members(archive, entries)
         hard = tarfile.TarInfo("usr/hard")
         hard.type, hard.linkname = tarfile.LNKTYPE, target
         archive.addfile(hard)
