@@ -90,8 +90,9 @@ def select_for_host(
     return select(target.index, devices.host, chosen, devices.devices, every_device=True)
 
 
-def _devices_notes(selection: Selection) -> list[str]:
-    return [f"{c.label}: {c.devices_note}" for c in selection.ranked if c.devices_note and c.label]
+def _devices_notes(selection: Selection) -> dict[str, str]:
+    """Variant label -> why it fits the host's lists but not each of its devices."""
+    return {c.label: c.devices_note for c in selection.ranked if c.devices_note and c.label}
 
 
 def report_no_match(selection: Selection, target: Target) -> None:
@@ -126,14 +127,14 @@ def ls_(
     opts, target, selection = _selection(ctx, ref, index, platform, gpus)
     if opts.json:
         data = selection_json(selection, str(target.reference) if target.reference else None)
-        notes = {c.label: c.devices_note for c in selection.ranked if c.devices_note}
+        notes = _devices_notes(selection)
         if notes:
             data["some_devices"] = notes  # fits the host's lists, not each of its devices
         emit_json(data)
     else:
         stdout_console().print(selection_table(selection, f"Variants of {target.describe()}"))
-        for note in _devices_notes(selection):
-            sys.stdout.write(safe_text(f"note: {note}", markup=False) + "\n")
+        for label, note in _devices_notes(selection).items():
+            sys.stdout.write(safe_text(f"note: {label}: {note}", markup=False) + "\n")
 
 
 def resolve(
