@@ -11,14 +11,13 @@ import hashlib
 import json
 import math
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from docker_variant.errors import InvalidInputError
 from docker_variant.jsondoc import load_json
+from docker_variant.scheduler.kept import Kept
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.model import SupportedLists, parse_supported_lists
 from docker_variant.variant.platform import Platform
@@ -249,10 +248,8 @@ def _count(data: Mapping[str, Any], key: str, minimum: int, maximum: int) -> int
     return value
 
 
-_INDEXES: OrderedDict[str, VariantIndex] = OrderedDict()  # the last documents read
 _DOCUMENTS: dict[int, tuple[VariantIndex, dict[str, Any]]] = {}  # theirs, by id: to_json()
-_KEPT_INDEXES = 32
-_INDEXES_LOCK = threading.Lock()
+_INDEXES: Kept[str, VariantIndex] = Kept(32, lambda dropped: _DOCUMENTS.pop(id(dropped), None))
 
 
 def _index_document(index: VariantIndex) -> dict[str, Any]:
@@ -268,25 +265,15 @@ def _index(data: object) -> VariantIndex:
     index again and again, and one ``VariantIndex`` per document lets the planner keep its
     judge (``placement.JudgeCache``). Only valid documents are kept."""
     key = json.dumps(data, separators=(",", ":"), sort_keys=True)
-    with _INDEXES_LOCK:
-        found = _INDEXES.get(key)
-        if found is not None:
-            _INDEXES.move_to_end(key)
-            return found
+    found = _INDEXES.get(key)
+    if found is not None:
+        return found
     index = VariantIndex.from_json(data, "index")
     if not index.variants and index.bare is None:
         invalid = f" ({len(index.invalid)} invalid images)" if index.invalid else ""
         raise InvalidInputError(f"index: no variant and no bare image to place{invalid}")
-    document = index.to_json()
-    with _INDEXES_LOCK:
-        if (raced := _INDEXES.get(key)) is not None:  # read meanwhile by another thread
-            _DOCUMENTS.pop(id(raced), None)
-        _INDEXES[key] = index
-        _DOCUMENTS[id(index)] = (index, document)
-        while len(_INDEXES) > _KEPT_INDEXES:
-            _, dropped = _INDEXES.popitem(last=False)
-            _DOCUMENTS.pop(id(dropped), None)
-    return index
+    _DOCUMENTS[id(index)] = (index, index.to_json())
+    return _INDEXES.put(key, index)  # one read meanwhile by another thread is dropped
 
 
 def parse_placement_request(data: object) -> PlacementRequest:
@@ -336,9 +323,7 @@ def parse_placement_request(data: object) -> PlacementRequest:
     )
 
 
-_REQUESTS: OrderedDict[bytes, PlacementRequest] = OrderedDict()  # by the body's SHA-256
-_KEPT_REQUESTS = 32
-_REQUESTS_LOCK = threading.Lock()
+_REQUESTS: Kept[bytes, PlacementRequest] = Kept(32)  # by the body's SHA-256
 
 
 def parse_placement_body(body: bytes, what: str = "request body") -> PlacementRequest:
@@ -348,14 +333,7 @@ def parse_placement_body(body: bytes, what: str = "request body") -> PlacementRe
     the same bytes come again. Only valid requests are kept; an invalid body fails each time
     with the same one line."""
     key = hashlib.sha256(body).digest()
-    with _REQUESTS_LOCK:
-        found = _REQUESTS.get(key)
-        if found is not None:
-            _REQUESTS.move_to_end(key)
-            return found
-    request = parse_placement_request(load_json(body, what))
-    with _REQUESTS_LOCK:
-        _REQUESTS[key] = request
-        while len(_REQUESTS) > _KEPT_REQUESTS:
-            _REQUESTS.popitem(last=False)
-    return request
+    found = _REQUESTS.get(key)
+    if found is not None:
+        return found
+    return _REQUESTS.put(key, parse_placement_request(load_json(body, what)))

@@ -41,14 +41,13 @@ from __future__ import annotations
 import functools
 import heapq
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain, islice, repeat
 from typing import Any
 
 from docker_variant.scheduler.documents import SHARE, PlacementRequest
+from docker_variant.scheduler.kept import Kept
 from docker_variant.scheduler.pool import (
     Device,
     NaturalKey,
@@ -206,21 +205,14 @@ class JudgeCache:
     are content-addressed, so a kept judge never goes stale; the cache only bounds memory."""
 
     def __init__(self, size: int = 32) -> None:
-        self.size = size
-        self._judges: OrderedDict[tuple[int, int], Judge] = OrderedDict()
-        self._lock = threading.Lock()
+        self._judges: Kept[tuple[int, int], Judge] = Kept(size)
 
     def judge(self, index: VariantIndex, profiles: Mapping[ProfileKey, SupportedLists]) -> Judge:
         key = (id(index), id(profiles))  # the judge holds both: the ids stay theirs
-        with self._lock:
-            found = self._judges.get(key)
-            if found is not None and found.index is index and found.profiles is profiles:
-                self._judges.move_to_end(key)
-                return found
-            found = self._judges[key] = Judge(index, profiles)
-            while len(self._judges) > self.size:
-                self._judges.popitem(last=False)
+        found = self._judges.get(key)
+        if found is not None and found.index is index and found.profiles is profiles:
             return found
+        return self._judges.put(key, Judge(index, profiles))
 
 
 # --------------------------------------------------------------------------- kinds
