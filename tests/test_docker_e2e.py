@@ -168,6 +168,19 @@ def test_pull_chooses_per_host_and_tags_both_ways(
     assert resolved.stdout.strip() == variant_ref
 
 
+def test_a_second_pull_moves_ref_to_its_own_choice(stack: Stack, app_ref: str) -> None:
+    """REF, already a tag of another variant's image, follows the new choice; a pull of an
+    image whose tags are in place leaves them as they are."""
+    stack.forget(stack.registry.address, "e2e/app")
+    for host, label in (("v3-cpu", "v3"), ("h200", "cu128"), ("h200", "cu128")):
+        stack.docker(
+            "variant", "pull", "--providers-file", stack.host_file(host), app_ref, check=True
+        )
+        chosen = stack.image_id(f"{app_ref}-{label}")
+        assert chosen is not None and stack.image_id(app_ref) == chosen
+    assert stack.image_id(f"{app_ref}-v3") not in (None, stack.image_id(app_ref))
+
+
 def test_pull_as_this_host_agrees_with_resolve(stack: Stack, app_ref: str) -> None:
     expected = stack.docker("variant", "resolve", app_ref, check=True).stdout.strip()
     result = stack.docker("variant", "pull", app_ref, check=True)
