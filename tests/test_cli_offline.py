@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -342,3 +343,36 @@ def test_version_is_the_package_version_and_the_plugin_metadata_agrees() -> None
     assert as_plugin.stdout == done.stdout
     probe = run_cli("docker-cli-plugin-metadata")
     assert json.loads(probe.stdout)["Version"] == __version__
+
+
+def test_the_plugin_answers_the_probe_itself_until_the_console_script_is_newer(
+    tmp_path: Path,
+) -> None:
+    """Docker's metadata probe, run before every ``docker variant`` command, starts no Python
+    while the installed plugin is current; after an upgrade (a newer console script) the
+    console script answers it, with its own version."""
+    bindir, plugins = tmp_path / "bin", tmp_path / "plugins"
+    bindir.mkdir()
+    calls = tmp_path / "calls"
+    stub = bindir / "docker-variant"  # stands in for the console script: logs each start
+    stub.write_text(f'#!/bin/sh\necho "$@" >> {calls}\necho \'{{"Version": "9.9"}}\'\n')
+    stub.chmod(0o755)
+    env = {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    installed = run_cli("install-plugin", "--dir", str(plugins), env=env)
+    assert installed.returncode == 0, installed.stderr
+    plugin = plugins / "docker-variant"
+    os.utime(plugin, (2_000_000_000, 2_000_000_000))
+    os.utime(stub, (1_000_000_000, 1_000_000_000))  # older than the plugin
+
+    def probe() -> str:
+        return subprocess.run(
+            [str(plugin), "docker-cli-plugin-metadata"], capture_output=True, text=True, check=True
+        ).stdout
+
+    assert json.loads(probe()) == json.loads(run_cli("docker-cli-plugin-metadata").stdout)
+    assert not calls.exists()  # answered by the script
+    subprocess.run([str(plugin), "variant", "ls", "x"], check=True, capture_output=True)
+    assert calls.read_text() == "variant ls x\n"  # every other call runs the console script
+    os.utime(stub, (2_000_000_001, 2_000_000_001))  # the console script is newer: an upgrade
+    assert json.loads(probe()) == {"Version": "9.9"}
+    assert calls.read_text().splitlines()[-1] == "docker-cli-plugin-metadata"
