@@ -23,6 +23,7 @@ from docker_variant.oci.grammar import name_problem
 from docker_variant.openapi import document as openapi_document
 from docker_variant.proxy.blobrelay import RELAY_MODES
 from docker_variant.proxy.cache import open_store
+from docker_variant.proxy.handoff import QuickCycle, QuickReads
 from docker_variant.proxy.metrics import (
     CONTENT_TYPE_LATEST,
     AccessLines,
@@ -33,6 +34,7 @@ from docker_variant.proxy.metrics import (
 )
 from docker_variant.proxy.names import PathError, Route, RouteKind, parse_v2_path
 from docker_variant.proxy.passthrough import Upstream
+from docker_variant.proxy.quickread import start_quick_read
 from docker_variant.proxy.variants import (
     PROPERTIES_HEADER,
     VariantService,
@@ -236,12 +238,24 @@ class ReadPassThrough:
     """A GET or HEAD that is a plain pass-through (blobs, manifests without
     ``X-Variant-Properties``, tags...), answered before Starlette's middleware, routing and
     request machinery, the bulk of the proxy's own time for a manifest GET (issue 8), and
-    counted and logged as every request. Everything else, invalid paths included, is left
-    to the routes."""
+    counted and logged as every request; offered to ``quickread`` first, before any ASGI.
+    Everything else, invalid paths included, is left to the routes."""
 
     def __init__(self, service: Callable[[], VariantService], requests: RequestLog) -> None:
         self.service = service
         self.requests = requests
+
+    def start(self, cycle: QuickCycle) -> bool:
+        """``handoff.QuickReads``: a plain read is answered from callbacks where it can be
+        (``quickread``), else it goes on to ``__call__`` (False)."""
+        route = self._read_route(cycle.scope)
+        if route is None:
+            return False
+        return start_quick_read(self.service().upstream, cycle, route, self.requests, self.again)
+
+    async def again(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A quick read that has to be asked the ASGI way after all."""
+        await self(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """Whether the request was a plain read, now answered."""
@@ -260,7 +274,8 @@ class ReadPassThrough:
         return True
 
     @staticmethod
-    def _route(scope: Scope) -> Route | None:
+    def _read_route(scope: Scope) -> Route | None:
+        """The route of a GET or HEAD that is a plain read, whatever its headers."""
         raw = scope.get("raw_path")
         if scope["method"] not in ("GET", "HEAD") or not isinstance(raw, bytes):
             return None
@@ -268,7 +283,12 @@ class ReadPassThrough:
             route = parse_v2_path(raw.decode("latin-1"))
         except PathError:
             return None  # answered by the routes, as every refusal
-        if route.kind not in _READS:
+        return route if route.kind in _READS else None
+
+    @classmethod
+    def _route(cls, scope: Scope) -> Route | None:
+        route = cls._read_route(scope)
+        if route is None:
             return None
         if route.kind is RouteKind.MANIFEST and any(
             k == _PROPERTIES_KEY for k, _ in scope["headers"]
@@ -283,6 +303,7 @@ class ProxyApp(Starlette):
     def __init__(self, reads: ReadPassThrough, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.reads = reads
+        self.quick_reads: QuickReads = reads  # offered GET and HEAD first (proxy/handoff.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and await self.reads(scope, receive, send):

@@ -24,6 +24,12 @@ pyproject.toml bounds uvicorn to the releases that ``tests/test_proxy_handoff.py
 The protocol also holds a response head back until the body's first write, the response's
 end, or the end of the event loop's turn: uvicorn writes head and body separately, so a small answer (a
 manifest) cost two syscalls and two TCP segments, and the caller woke up twice.
+
+Quick reads: an app with a ``quick_reads`` attribute (a ``QuickReads``) is offered each
+plain-HTTP GET and HEAD as its head is parsed, before uvicorn builds a request cycle and an
+ASGI task for it. One it takes is answered from callbacks through a ``QuickCycle``
+(``send_whole``), or handed back to ASGI at any point before its answer started
+(``continue_with``); one it leaves goes the usual way.
 """
 
 from __future__ import annotations
@@ -31,14 +37,19 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from typing import Any, cast
+import urllib.parse
+from typing import Any, Protocol, cast
 
+import httptools
+from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 __all__ = [
     "EXTENSION",
     "PRIVATE_NAMES",
     "HandoffHttpToolsProtocol",
+    "QuickCycle",
+    "QuickReads",
     "SocketHandoff",
     "socket_handoff",
 ]
@@ -48,11 +59,14 @@ EXTENSION = "docker_variant.socket_handoff"
 PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     "HttpToolsProtocol": (
         "on_headers_complete", "on_response_complete", "cycle", "scope", "scheme",
-        "transport", "loop", "flow",
+        "transport", "loop", "flow", "parser", "url", "root_path", "pipeline",
+        "limit_concurrency", "expect_100_continue", "logger", "access_logger", "access_log",
+        "server_state", "_start_asgi_task",
     ),
     "RequestResponseCycle": (
         "scope", "transport", "response_started", "response_complete", "disconnected",
-        "keep_alive", "expected_content_length", "message_event", "on_response",
+        "keep_alive", "expected_content_length", "message_event", "on_response", "body",
+        "more_body",
     ),
     "FlowControl": ("pause_reading",),
 }  # fmt: skip
@@ -183,18 +197,165 @@ class SocketHandoff:
         self._protocol.transport.close()
 
 
+class _NoEvent:
+    """A quick request's ``message_event``: nothing waits on it."""
+
+    def set(self) -> None:
+        pass
+
+
+_NO_EVENT = _NoEvent()
+
+
+class QuickCycle:
+    """A GET or HEAD answered from the event loop's callbacks; it stands in for uvicorn's
+    request cycle, whose attributes the protocol reads and writes (``response_complete``,
+    ``more_body``, ``body``, ``disconnected``, ``keep_alive``, ``message_event``,
+    ``transport``) until the answer is sent or the request is handed on to ASGI."""
+
+    __slots__ = (
+        "body", "disconnected", "keep_alive", "message_event", "more_body", "protocol",
+        "response_complete", "scope", "transport",
+    )  # fmt: skip
+
+    def __init__(
+        self, protocol: HandoffHttpToolsProtocol, scope: dict[str, Any], keep_alive: bool
+    ) -> None:
+        self.protocol = protocol
+        self.scope = scope
+        self.keep_alive = keep_alive
+        self.transport = protocol.transport
+        self.disconnected = False
+        self.response_complete = False
+        self.more_body = True
+        self.body = bytearray()
+        self.message_event = _NO_EVENT
+
+    def send_whole(self, head: bytes, body: bytes) -> bool:
+        """``SocketHandoff.send_whole`` for a quick request; False (nothing sent) once the
+        caller is gone or the request went on to ASGI."""
+        if self.response_complete or self.disconnected:
+            self.response_complete = True
+            return False
+        self.response_complete = True
+        protocol = self.protocol
+        transport = protocol.transport
+        tail = b"\r\n" if self.keep_alive else b"connection: close\r\n\r\n"
+        if self.scope["method"] == "HEAD" or not body:
+            transport.write(head + tail)
+        else:
+            transport.write(b"".join((head, tail, body)))
+        if not self.keep_alive:
+            transport.close()
+        protocol.on_response_complete()
+        return True
+
+    def continue_with(self, app: ASGIApp) -> None:
+        """Runs ``app`` for this request as uvicorn runs its app (a request cycle and a task,
+        with the ``SocketHandoff`` extension), from where the quick path left it."""
+        if self.response_complete:
+            return
+        self.response_complete = True  # this stand-in is done with
+        protocol = self.protocol
+        cycle = protocol.new_cycle(self.scope, self.keep_alive)
+        cycle.body, cycle.more_body, cycle.disconnected = (
+            self.body,
+            self.more_body,
+            self.disconnected,
+        )
+        if cast(object, protocol.cycle) is self:
+            protocol.cycle = cycle
+        protocol._start_asgi_task(cycle, cast(Any, app))  # uvicorn's own way to run a cycle
+
+
+class QuickReads(Protocol):
+    """What an app offers to answer plain-HTTP GET and HEAD requests from callbacks."""
+
+    def start(self, cycle: QuickCycle) -> bool:
+        """True: the request is taken (answered through ``cycle``, now or later). False:
+        nothing was done, and the request goes to the ASGI app as usual."""
+
+
 class HandoffHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol; plain-HTTP requests carry a ``SocketHandoff``."""
+    """uvicorn's httptools protocol; plain-HTTP requests carry a ``SocketHandoff``, and are
+    offered to the app's ``quick_reads`` first where it has one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        quick = getattr(self.config.app, "quick_reads", None)
+        self.quick_reads: QuickReads | None = (
+            quick if quick is not None and self.limit_concurrency is None else None
+        )
 
     def on_headers_complete(self) -> None:
+        if self.quick_reads is not None and self.scheme == "http" and self._start_quick():
+            return
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is None or cycle.scope is not self.scope:
             return  # an upgrade, not a request cycle
+        self._dress(cycle)
+
+    def _dress(self, cycle: RequestResponseCycle) -> None:
         cycle.transport = cast(asyncio.Transport, _HeadHeldTransport(self.transport, self.loop))
         if self.scheme == "http":
-            scope = cast(dict[str, Any], self.scope)
+            scope = cast(dict[str, Any], cycle.scope)
             scope.setdefault("extensions", {})[EXTENSION] = SocketHandoff(self, cycle)
+
+    def _start_quick(self) -> bool:
+        """Offers the request to ``quick_reads`` with its scope filled in as uvicorn fills
+        it; only a GET or HEAD on a connection with nothing else in flight."""
+        assert self.quick_reads is not None
+        parser = self.parser
+        method = parser.get_method()
+        if method not in (b"GET", b"HEAD") or self.pipeline or self.expect_100_continue:
+            return False
+        if self.cycle is not None and not self.cycle.response_complete:
+            return False
+        if parser.should_upgrade():
+            return False
+        scope = cast(dict[str, Any], self.scope)
+        http_version = parser.get_http_version()
+        scope["method"] = "GET" if method == b"GET" else "HEAD"
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        url = httptools.parse_url(self.url)
+        raw_path = url.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        scope["path"] = self.root_path + path
+        scope["raw_path"] = (
+            self.root_path.encode("ascii") + raw_path if self.root_path else raw_path
+        )
+        scope["query_string"] = url.query or b""
+        keep_alive = http_version != "1.0" and parser.should_keep_alive()
+        previous = self.cycle
+        cycle = QuickCycle(self, scope, keep_alive)
+        self.cycle = cast(RequestResponseCycle, cycle)
+        if self.quick_reads.start(cycle):
+            return True
+        self.cycle = previous
+        return False
+
+    def new_cycle(self, scope: dict[str, Any], keep_alive: bool) -> RequestResponseCycle:
+        """A request cycle as uvicorn's ``on_headers_complete`` makes it, with this module's
+        transport and extension."""
+        cycle = RequestResponseCycle(
+            scope=cast(Any, scope),
+            transport=self.transport,
+            flow=self.flow,
+            logger=self.logger,
+            access_logger=self.access_logger,
+            access_log=self.access_log,
+            default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(),
+            expect_100_continue=False,
+            keep_alive=keep_alive,
+            on_response=self.on_response_complete,
+        )
+        self._dress(cycle)
+        return cycle
 
     def on_response_complete(self) -> None:
         # a HEAD answer (or any without a body) has no body write to carry its head

@@ -65,7 +65,7 @@ _HOP_BY_HOP = frozenset(
 # Not forwarded upstream: the proxy's own header, Host (httpx sets the upstream's) and
 # Expect (the server here already answered "100 Continue" when the body was read).
 _REQUEST_DROP = frozenset({"host", "x-variant-properties", "expect"})
-_REQUEST_DROP_RAW = frozenset(n.encode() for n in _HOP_BY_HOP | _REQUEST_DROP)
+REQUEST_DROP_RAW = frozenset(n.encode() for n in _HOP_BY_HOP | _REQUEST_DROP)
 _RESPONSE_DROP_RAW = frozenset(n.encode() for n in _HOP_BY_HOP)
 _REWRITTEN = frozenset({b"location", b"content-location", b"link"})
 _CHECK_BODY_LIMIT = 4 << 20  # a manifest's size limit
@@ -239,7 +239,7 @@ class Upstream:
         raw = request.scope.get("headers", [])
         # ASGI servers give header names in lower case
         tokens = connection_tokens(raw, lowered=True)
-        drop = _REQUEST_DROP_RAW | tokens if tokens else _REQUEST_DROP_RAW
+        drop = REQUEST_DROP_RAW | tokens if tokens else REQUEST_DROP_RAW
         return [(k, v) for k, v in raw if k not in drop]
 
     def response_headers(
@@ -349,7 +349,7 @@ class Upstream:
             f"{method} {response.request.url}",
         )
 
-    def _request_head(
+    def request_head(
         self,
         method: str,
         route: Route,
@@ -371,19 +371,25 @@ class Upstream:
         answer when none came."""
         try:
             return await self.raw.request(head, has_body=method != "HEAD", timeout=self.timeout)
-        except TimeoutError:
+        except (TimeoutError, OSError, httptools.HttpParserError) as exc:
+            return self.no_answer(method, route, exc)
+
+    @staticmethod
+    def no_answer(method: str, route: Route, exc: BaseException) -> Response:
+        """The proxy's answer when the upstream gave none to a GET or HEAD: 504 for a
+        time-out, 502 for a broken connection or garbage."""
+        if isinstance(exc, TimeoutError):
             return upstream_error(
                 504,
                 ErrorCode.UNAVAILABLE,
                 f"{method} {route.upstream_path()}: the upstream registry timed out",
             )
-        except (OSError, httptools.HttpParserError) as exc:
-            return upstream_error(
-                502,
-                ErrorCode.UNAVAILABLE,
-                f"{method} {route.upstream_path()}: the upstream registry failed: "
-                f"{type(exc).__name__}: {exc}",
-            )
+        return upstream_error(
+            502,
+            ErrorCode.UNAVAILABLE,
+            f"{method} {route.upstream_path()}: the upstream registry failed: "
+            f"{type(exc).__name__}: {exc}",
+        )
 
     async def _forward_raw(
         self,
@@ -394,7 +400,7 @@ class Upstream:
         extra_headers: Mapping[str, str] | None,
         what: str,
     ) -> Response:
-        head = self._request_head(method, route, request.scope.get("query_string", b""), headers)
+        head = self.request_head(method, route, request.scope.get("query_string", b""), headers)
         answer = await self._ask_raw(method, route, head)
         if isinstance(answer, Response):
             return answer
@@ -417,8 +423,8 @@ class Upstream:
         method: str = scope["method"]
         raw = scope["headers"]
         tokens = connection_tokens(raw, lowered=True)  # ASGI: names in lower case
-        drop = _REQUEST_DROP_RAW | tokens if tokens else _REQUEST_DROP_RAW
-        head = self._request_head(
+        drop = REQUEST_DROP_RAW | tokens if tokens else REQUEST_DROP_RAW
+        head = self.request_head(
             method, route, scope.get("query_string", b""), [(k, v) for k, v in raw if k not in drop]
         )
         answer = await self._ask_raw(method, route, head)

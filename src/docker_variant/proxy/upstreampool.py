@@ -9,6 +9,10 @@ here as well: its per-request cost, measured in ``bench/bench_proxy.py``.)
 A ``Content-Length`` body is handed over in the chunks it arrives in, uncopied; a chunked or
 unframed one is decoded by the parser. ``Answer.detach`` gives a large body's socket to a
 thread (``blobrelay``), after which the connection is closed rather than reused.
+
+``UpstreamPool.send_nowait`` is the same exchange driven by the connection's callbacks, with
+no task or future: the answer's head, and a small body whole, are parsed as they arrive and
+handed to an ``AnswerListener`` (``quickread``'s path for manifests).
 """
 
 from __future__ import annotations
@@ -19,13 +23,26 @@ import socket
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
-from typing import cast
+from typing import Protocol, cast
 
 import httptools
 
-__all__ = ["Answer", "UpstreamPool", "connection_tokens"]
+__all__ = ["Answer", "AnswerListener", "UpstreamPool", "connection_tokens"]
 
 _HIGH_WATER = 1 << 20  # buffered upstream bytes at which reading pauses (back-pressure)
+SMALL_BODY = 256 << 10  # a body of at most this many bytes is awaited whole by send_nowait
+
+
+class AnswerListener(Protocol):
+    """Told how a ``send_nowait`` exchange ended; called from the event loop's callbacks."""
+
+    def on_answer(self, answer: Answer) -> None:
+        """The answer's head came, with the whole body where it is small (``complete()``)."""
+
+    def on_failure(self, error: BaseException | None) -> None:
+        """No answer: ``TimeoutError``, ``OSError`` or ``httptools.HttpParserError``; or
+        ``None`` where the connection closed before a byte came (a stale keep-alive, worth
+        asking again on a fresh connection)."""
 
 
 class _Connection(asyncio.Protocol):
@@ -41,12 +58,16 @@ class _Connection(asyncio.Protocol):
         self.error: BaseException | None = None
         self.expired = False
         self._waiter: asyncio.Future[None] | None = None
+        self.exchange: _Exchange | None = None  # a send_nowait exchange, fed from here
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        if self.exchange is not None:
+            self.exchange.feed(data)
+            return
         self.chunks.append(data)
         self.buffered += len(data)
         if self.buffered > _HIGH_WATER and not self.paused and self.transport is not None:
@@ -57,11 +78,15 @@ class _Connection(asyncio.Protocol):
     def eof_received(self) -> bool:
         self.closed = True
         self._wake()
+        if self.exchange is not None:
+            self.exchange.lost(None)
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed, self.error = True, exc
         self._wake()
+        if self.exchange is not None:
+            self.exchange.lost(exc)
 
     def expire(self) -> None:
         """The deadline for the answer's head passed: the waiting ``read`` raises."""
@@ -280,6 +305,88 @@ class Answer:
             connection.close()
 
 
+class _Exchange:
+    """One ``send_nowait`` request on a connection: the answer is parsed in the connection's
+    ``data_received`` and handed over once its head (and a small body whole) is in."""
+
+    __slots__ = (
+        "connection", "has_body", "head", "listener", "parser", "pool", "received", "timer",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        pool: UpstreamPool,
+        connection: _Connection,
+        has_body: bool,
+        listener: AnswerListener,
+        deadline: float,
+    ) -> None:
+        self.pool = pool
+        self.connection = connection
+        self.has_body = has_body
+        self.listener = listener
+        self.head = _Head()
+        self.parser = httptools.HttpResponseParser(self.head)
+        self.received = False
+        self.timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_at(
+            deadline, self.expire
+        )
+
+    def feed(self, data: bytes) -> None:
+        head = self.head
+        self.received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(exc)
+            return
+        if head.headers_done and (head.message_done or not self._awaits_body()):
+            self._answer()
+
+    def _awaits_body(self) -> bool:
+        """A small framed body is awaited whole; a large, chunked or unframed one goes on
+        the ``Answer``'s own way."""
+        head = self.head
+        if not self.has_body or head.chunked or head.content_length is None:
+            return False
+        status = self.parser.get_status_code()
+        if status in (204, 304) or 100 <= status < 200:
+            return False
+        return head.content_length <= SMALL_BODY
+
+    def _answer(self) -> None:
+        self._end()
+        self.listener.on_answer(
+            Answer(self.pool, self.connection, self.parser, self.head, self.has_body)
+        )
+
+    def lost(self, exc: BaseException | None) -> None:
+        if self.head.headers_done:  # the body broke off: the Answer reports it
+            self._answer()
+        elif not self.received:
+            self._end()  # not a byte came: a stale keep-alive
+            self.connection.close()
+            self.listener.on_failure(None)
+        else:
+            reason = f": {exc}" if exc is not None else ""
+            self._fail(ConnectionError(f"the upstream closed the connection mid-answer{reason}"))
+
+    def expire(self) -> None:
+        self.timer = None
+        self._fail(TimeoutError("no answer from the upstream in time"))
+
+    def _fail(self, error: BaseException) -> None:
+        self._end()
+        self.connection.close()
+        self.listener.on_failure(error)
+
+    def _end(self) -> None:
+        self.connection.exchange = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
 class UpstreamPool:
     """Kept-alive connections to one upstream ``host:port``; at most ``max_idle`` wait idle."""
 
@@ -349,6 +456,20 @@ class UpstreamPool:
             received = True
             parser.feed_data(data)
         return Answer(self, connection, parser, parsed, has_body)
+
+    def send_nowait(
+        self, head: bytes, *, has_body: bool, timeout: float, listener: AnswerListener
+    ) -> bool:
+        """``request`` driven by callbacks, on an idle kept-alive connection: False (nothing
+        sent) where there is none. ``listener`` gets the answer, or the failure, from the
+        event loop's callbacks, never from within this call."""
+        connection = self._take()
+        if connection is None or connection.transport is None:
+            return False
+        loop = asyncio.get_running_loop()
+        connection.exchange = _Exchange(self, connection, has_body, listener, loop.time() + timeout)
+        connection.transport.write(head)
+        return True
 
     def _take(self) -> _Connection | None:
         while self._idle:

@@ -1,0 +1,145 @@
+"""Plain reads answered from the event loop's callbacks: no task, ASGI scope or coroutine.
+
+A GET or HEAD that ``ReadPassThrough`` would pass through (a manifest by tag, a blob, a tag
+list...) is offered here by the server's protocol (``handoff.QuickCycle``) as soon as its
+head is parsed. Its request head goes upstream at once on an idle kept-alive connection
+(``UpstreamPool.send_nowait``), and the upstream's answer, when it is small and came whole,
+goes down from the upstream connection's ``data_received`` as one write, then counted and
+logged as every request (``RequestLog``). Everything else is handed on to ASGI from where it
+stands, with the same answers as ``Upstream.pass_read`` gives: a large or streamed body
+(``RelayedResponse``, blob relays included), an upstream that timed out, broke off or
+answered garbage (504, 502). A request that finds no idle upstream connection, carries a
+body, ``X-Variant-Properties``, ``X-Forwarded-Proto`` or ``Expect``, and an upstream
+connection that closed before answering (a stale keep-alive), go ``pass_read``'s way.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from docker_variant.proxy.blobrelay import RelayedResponse
+from docker_variant.proxy.handoff import QuickCycle
+from docker_variant.proxy.metrics import RequestLog, Sent
+from docker_variant.proxy.names import Route
+from docker_variant.proxy.passthrough import REQUEST_DROP_RAW, Upstream, response_head
+from docker_variant.proxy.upstreampool import Answer, connection_tokens
+
+__all__ = ["start_quick_read"]
+
+_log = logging.getLogger("docker_variant.proxy")
+
+# Request headers that send a request the ASGI way: a body, transparent resolution, a
+# scheme that uvicorn's proxy-headers middleware would rewrite, an expectation.
+_REFUSED = frozenset(
+    {b"content-length", b"transfer-encoding", b"x-variant-properties", b"x-forwarded-proto",
+     b"expect"}
+)  # fmt: skip
+
+
+def _forwarded_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]] | None:
+    """The request headers that go upstream (names in lower case, from the server's
+    parser), in one pass; None where the request is not for the quick path."""
+    kept = []
+    connection = False
+    for name, value in raw:
+        if name in _REFUSED:
+            return None
+        if name in REQUEST_DROP_RAW:
+            connection = connection or name == b"connection"
+            continue
+        kept.append((name, value))
+    if connection:
+        tokens = connection_tokens(raw, lowered=True)
+        kept = [(k, v) for k, v in kept if k not in tokens]
+    return kept
+
+
+def start_quick_read(
+    upstream: Upstream, cycle: QuickCycle, route: Route, requests: RequestLog, slow: ASGIApp
+) -> bool:
+    """Sends ``cycle``'s request upstream at ``route``, to be answered from callbacks;
+    False (nothing done) where it is not for the quick path. ``slow`` is the app that
+    answers it ``pass_read``'s way (after a stale keep-alive)."""
+    scope = cycle.scope
+    headers = _forwarded_headers(scope["headers"])
+    if headers is None:
+        return False
+    method: str = scope["method"]
+    head = upstream.request_head(method, route, scope["query_string"], headers)
+    read = _QuickRead(upstream, cycle, route, requests, slow)
+    return upstream.raw.send_nowait(
+        head, has_body=method != "HEAD", timeout=upstream.timeout, listener=read
+    )
+
+
+class _QuickRead:
+    """One quick request, told its upstream answer (``upstreampool.AnswerListener``)."""
+
+    __slots__ = ("cycle", "requests", "route", "slow", "started", "upstream")
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        cycle: QuickCycle,
+        route: Route,
+        requests: RequestLog,
+        slow: ASGIApp,
+    ) -> None:
+        self.upstream = upstream
+        self.cycle = cycle
+        self.route = route
+        self.requests = requests
+        self.slow = slow
+        self.started = time.perf_counter()
+
+    def on_answer(self, answer: Answer) -> None:
+        cycle = self.cycle
+        try:
+            headers = self.upstream.response_headers(
+                answer.headers, cycle.scope, lowered=True, tokens=answer.connection_tokens
+            )
+            body = answer.complete()
+        except Exception:
+            answer.close()
+            _log.exception("quick read of %s failed", self.route.upstream_path())
+            cycle.continue_with(self._answer_with(None))
+            return
+        if body is None:
+            what = f"{cycle.scope['method']} {self.route.upstream_path()}"
+            relayed = RelayedResponse(answer, headers, what, self.upstream.blob_relay)
+            cycle.continue_with(self._answer_with(relayed))
+            return
+        sent = Sent()
+        if cycle.send_whole(response_head(answer.status, headers), body):
+            sent.status, sent.bytes = answer.status, len(body)
+        self.requests.record(cycle.scope, self.route.kind, sent, self.started)
+
+    def on_failure(self, error: BaseException | None) -> None:
+        if error is None:  # a stale keep-alive: asked again, on a fresh connection
+            self.cycle.continue_with(self.slow)
+            return
+        response = self.upstream.no_answer(self.cycle.scope["method"], self.route, error)
+        self.cycle.continue_with(self._answer_with(response))
+
+    def _answer_with(self, response: Response | None) -> ASGIApp:
+        """An app that sends ``response`` (None: fails, so the server answers 500), then
+        counts and logs the request."""
+        requests, kind, started = self.requests, self.route.kind, self.started
+
+        async def answer(scope: Scope, receive: Receive, send: Send) -> None:
+            sent = Sent()
+            try:
+                if response is None:
+                    raise RuntimeError("the quick read failed (logged above)")
+                await response(scope, receive, sent.counting(send))
+            except Exception:
+                sent.status = sent.status or 500  # what the server answers for it
+                raise
+            finally:
+                requests.record(scope, kind, sent, started)
+
+        return answer
