@@ -23,6 +23,7 @@ __all__ = [
     "RETRYABLE_SQLSTATES",
     "WRITE",
     "DatabaseUnavailableError",
+    "driver_execute",
     "open_engine",
     "safe_url",
     "sqlstate",
@@ -83,6 +84,25 @@ def _parse(text: str) -> URL:
     )
 
 
+def driver_execute(conn: Connection, sql: str, params: Any = (), *, many: bool = False) -> Any:
+    """Run ``sql`` on a DBAPI cursor of ``conn``, in its transaction, without SQLAlchemy's
+    work per statement (for statements run on every request, ``rows.Prepared``); a DBAPI
+    error is raised as SQLAlchemy raises it (``IntegrityError``, ``OperationalError``...).
+    Returns the cursor; the caller closes it."""
+    dialect = conn.dialect
+    failure = dialect.loaded_dbapi.Error
+    cursor = conn.connection.cursor()
+    try:
+        if many:
+            cursor.executemany(sql, params)
+        else:
+            cursor.execute(sql, params)
+    except failure as error:
+        cursor.close()
+        raise exc.DBAPIError.instance(sql, params, error, failure, dialect=dialect) from error
+    return cursor
+
+
 def _sqlite_events(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -97,7 +117,7 @@ def _sqlite_events(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def on_begin(connection: Connection) -> None:
         write = connection.get_execution_options().get(WRITE, False)
-        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+        driver_execute(connection, "BEGIN IMMEDIATE" if write else "BEGIN").close()
 
 
 def open_engine(text: str) -> Engine:

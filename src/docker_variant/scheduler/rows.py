@@ -24,6 +24,7 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
+    Dialect,
     Engine,
     and_,
     bindparam,
@@ -44,6 +45,7 @@ from docker_variant.jsondoc import load_json
 from docker_variant.scheduler.database import (
     RETRYABLE_SQLSTATES,
     WRITE,
+    driver_execute,
     open_engine,
     safe_url,
     sqlstate,
@@ -69,6 +71,7 @@ __all__ = [
     "HOST_ROW",
     "STATES",
     "Change",
+    "Prepared",
     "Rows",
     "Stale",
     "Usage",
@@ -119,6 +122,53 @@ def _same_device(one: Any, other: Any) -> Any:
         one.c.device_name == other.c.device_name,
         one.c.device_id == other.c.device_id,
     )
+
+
+class Prepared:
+    """A statement compiled once per dialect and run on the DBAPI cursor of the transaction
+    (``database.driver_execute``), for the statements of every placement: no cache key,
+    parameter processing, result object or events per execution. Parameters by name (an
+    INSERT's: its ``columns``) over the statement's literal values; plain values only (str,
+    int, float, bool, None), which the drivers bind as they are."""
+
+    def __init__(self, statement: Any, *columns: str) -> None:
+        self.statement = statement
+        self.columns = list(columns) or None
+        self._forms: dict[tuple[str, str], tuple[str, list[str] | None, dict[str, Any]]] = {}
+
+    def _form(self, dialect: Dialect) -> tuple[str, list[str] | None, dict[str, Any]]:
+        """(SQL text, bind names in order for a positional paramstyle, literal values)."""
+        key = (dialect.name, dialect.paramstyle)
+        form = self._forms.get(key)
+        if form is None:
+            compiled: Any = self.statement.compile(dialect=dialect, column_keys=self.columns)
+            fixed = {
+                name: value
+                for name, value in compiled.params.items()
+                if not compiled.binds[name].required
+            }
+            form = self._forms[key] = (compiled.string, compiled.positiontup, fixed)
+        return form
+
+    @staticmethod
+    def _bound(form: tuple[str, list[str] | None, dict[str, Any]], row: Mapping[str, Any]) -> Any:
+        _, order, fixed = form
+        values = fixed | dict(row) if fixed else row
+        return values if order is None else tuple(values[name] for name in order)
+
+    def rows(self, conn: Connection, row: Mapping[str, Any] | None = None) -> list[Any]:
+        """Run it once with ``row``; the rows it returns (a SELECT's, or RETURNING)."""
+        form = self._form(conn.dialect)
+        cursor = driver_execute(conn, form[0], self._bound(form, row or {}))
+        try:
+            return list(cursor.fetchall()) if cursor.description is not None else []
+        finally:
+            cursor.close()
+
+    def many(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Run it once per row (an INSERT of many rows)."""
+        form = self._form(conn.dialect)
+        driver_execute(conn, form[0], [self._bound(form, r) for r in rows], many=True).close()
 
 
 class Rows:
@@ -179,25 +229,27 @@ class Rows:
 
 # --------------------------------------------------------------------------- versions
 
-_VERSIONS = select(
-    select(pool_version.c.version).where(pool_version.c.id == 1).scalar_subquery(),
-    select(allocation_version.c.version).where(allocation_version.c.id == 1).scalar_subquery(),
+_VERSIONS = Prepared(
+    select(
+        select(pool_version.c.version).where(pool_version.c.id == 1).scalar_subquery(),
+        select(allocation_version.c.version).where(allocation_version.c.id == 1).scalar_subquery(),
+    )
 )
 
 
 def versions(conn: Connection) -> tuple[int, int]:
     """(pool version, allocation version) as of this transaction."""
-    pool_v, allocation_v = conn.execute(_VERSIONS).one()
+    [(pool_v, allocation_v)] = _VERSIONS.rows(conn)
     return int(pool_v), int(allocation_v)
 
 
-_BUMP_POOL = (
+_BUMP_POOL = Prepared(
     pool_version.update()
     .where(pool_version.c.id == 1)
     .values(version=pool_version.c.version + 1)
     .returning(pool_version.c.version)
 )
-_BUMP_ALLOCATIONS = (
+_BUMP_ALLOCATIONS = Prepared(
     allocation_version.update()
     .where(allocation_version.c.id == 1)
     .values(version=allocation_version.c.version + 1)
@@ -207,12 +259,14 @@ _BUMP_ALLOCATIONS = (
 
 def bump_pool(conn: Connection) -> int:
     """The pool's agents or devices changed: other processes re-read them on their next plan."""
-    return int(conn.execute(_BUMP_POOL).scalar_one())
+    [(version,)] = _BUMP_POOL.rows(conn)
+    return int(version)
 
 
 def bump_allocations(conn: Connection) -> int:
     """Devices were taken or freed: other processes re-read the allocations."""
-    return int(conn.execute(_BUMP_ALLOCATIONS).scalar_one())
+    [(version,)] = _BUMP_ALLOCATIONS.rows(conn)
+    return int(version)
 
 
 # --------------------------------------------------------------------------- agents
@@ -495,8 +549,11 @@ def check_plan(conn: Connection, chosen: Plan) -> None:
 
 
 # Whole devices' usage in one statement from the allocation rows just written (a gang may
-# take thousands of devices). RETURNING: psycopg reports no row count for INSERT ... SELECT.
-_TAKE_WHOLE = (
+# take thousands of devices): those of the placement whose device has no usage yet (a
+# replacement's kept nodes have theirs). A device in use since the plan has its row: it is
+# left out and ``take`` sees the count short; a concurrent insert of the same device is
+# refused by the primary key. RETURNING: psycopg reports no row count for INSERT ... SELECT.
+_TAKE_WHOLE = Prepared(
     insert(device_usage)
     .from_select(
         ["agent_id", "device_name", "device_id", "used", "capacity", "whole"],
@@ -511,7 +568,7 @@ _TAKE_WHOLE = (
         .join_from(allocations, devices, _same_device(allocations, devices))
         .where(
             allocations.c.placement_id == bindparam("p"),
-            allocations.c.agent_id.in_(bindparam("ids", expanding=True)),
+            ~select(device_usage.c.used).where(_same_device(device_usage, allocations)).exists(),
         )
         .order_by(allocations.c.agent_id, allocations.c.device_name, allocations.c.device_id),
     )
@@ -519,7 +576,9 @@ _TAKE_WHOLE = (
 )
 
 
-_INSERT_ALLOCATIONS = insert(allocations)
+_INSERT_ALLOCATIONS = Prepared(
+    insert(allocations), "agent_id", "device_name", "device_id", "placement_id", "shares"
+)
 
 
 def take(conn: Connection, placement_id: str, plan_: Plan) -> list[Change]:
@@ -531,7 +590,7 @@ def take(conn: Connection, placement_id: str, plan_: Plan) -> list[Change]:
             {"agent_id": agent, "device_name": HOST_ROW, "device_id": HOST_ROW, "shares": 0}
             for agent in sorted(hosts)
         ]
-        conn.execute(_INSERT_ALLOCATIONS, [row | {"placement_id": placement_id} for row in rows])
+        _INSERT_ALLOCATIONS.many(conn, [row | {"placement_id": placement_id} for row in rows])
     keyed = sorted(
         ((a.agent_id, a.device_name or "", d.device_id), d.capacity)
         for a in plan_.allocations
@@ -540,8 +599,8 @@ def take(conn: Connection, placement_id: str, plan_: Plan) -> list[Change]:
     if not keyed:  # in key order, so that racing writers cannot deadlock
         return []
     shares = plan_.shares
-    conn.execute(
-        _INSERT_ALLOCATIONS,
+    _INSERT_ALLOCATIONS.many(
+        conn,
         [
             {
                 "agent_id": agent_id,
@@ -554,9 +613,8 @@ def take(conn: Connection, placement_id: str, plan_: Plan) -> list[Change]:
         ],
     )
     if shares is None:  # the primary key refuses a device anything else uses
-        agent_ids = sorted({a.agent_id for a in plan_.allocations})
-        inserted = conn.execute(_TAKE_WHOLE, {"p": placement_id, "ids": agent_ids}).all()
-        if len(inserted) != len(keyed):  # a planned device is gone (``check_plan`` saw it not)
+        inserted = _TAKE_WHOLE.rows(conn, {"p": placement_id})
+        if len(inserted) != len(keyed):  # a planned device is gone, or in use meanwhile
             raise Stale()
     else:  # the check refuses the sum past the capacity, and any share of a whole device
         rows = [
@@ -671,7 +729,7 @@ def placement_owners(conn: Connection, ids: Sequence[str]) -> dict[str, str | No
     return owners
 
 
-_INSERT_PLACEMENT = insert(placements)
+_INSERT_PLACEMENT = Prepared(insert(placements), "id", "created_at", "document", "state", "request")
 
 
 def insert_placement(
@@ -684,7 +742,7 @@ def insert_placement(
         "state": "active",
         "request": request,
     }
-    conn.execute(_INSERT_PLACEMENT, row)
+    _INSERT_PLACEMENT.rows(conn, row)
 
 
 def placement(conn: Connection, placement_id: str) -> dict[str, Any] | None:
