@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterator
 from email.utils import formatdate
 from json.encoder import encode_basestring_ascii
 from typing import TextIO
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from docker_variant.proxy.names import PathError, RouteKind, parse_v2_path
@@ -37,15 +39,30 @@ RELAYED_BYTES = "docker_variant.relayed_bytes"  # scope key: body bytes sent out
 RELAY_MODE = "docker_variant.relay_mode"  # scope key: how they went ("splice" or "copy")
 
 
+class _RequestCounts:
+    """``variant_proxy_requests``, counted in a plain dict on the event loop's thread and
+    turned into a counter family when scraped: a ``Counter`` child's ``inc`` takes a lock
+    and checks itself, on every request."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str, str], int] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "variant_proxy_requests",
+            "Requests answered, by route class, method and status",
+            labels=["route", "method", "status"],
+        )
+        for labels, count in list(self.counts.items()):
+            family.add_metric(labels, count)
+        yield family
+
+
 class ProxyMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
-            "variant_proxy_requests",
-            "Requests answered, by route class, method and status",
-            ["route", "method", "status"],
-            registry=self.registry,
-        )
+        self._requests = _RequestCounts()
+        self.registry.register(self._requests)
         self.variants_latency = Histogram(
             "variant_proxy_variants_seconds",
             "Time to answer a successful _variants request",
@@ -86,16 +103,9 @@ class ProxyMetrics:
             registry=self.registry,
         )
 
-        self._request_counters: dict[tuple[str, str, str], Counter] = {}
-
     def count_request(self, route: str, method: str, status: str) -> None:
-        # labels() takes a lock and checks its arguments on every call; the set of label
-        # values is small (routes x methods x statuses), so each child is looked up once
-        key = (route, method, status)
-        counter = self._request_counters.get(key)
-        if counter is None:
-            counter = self._request_counters[key] = self.requests.labels(route, method, status)
-        counter.inc()
+        counts, key = self._requests.counts, (route, method, status)
+        counts[key] = counts.get(key, 0) + 1
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -225,15 +235,16 @@ class RequestLog:
             size += relayed
             self.metrics.relayed_bytes.labels(scope.get(RELAY_MODE, "copy")).inc(relayed)
         shown = str(status) if status else "aborted"  # cancelled before answering
-        self.metrics.count_request(route.value, method, shown)
+        kind: str = route.value
+        self.metrics.count_request(kind, method, shown)
         duration_ms = round((time.perf_counter() - started) * 1000, 2)
         path: str = scope.get("path", "")
         if self.lines is not None:
-            self.lines.add(access_line(method, route.value, path, status, duration_ms, size))
+            self.lines.add(access_line(method, kind, path, status, duration_ms, size))
         elif self.log.isEnabledFor(logging.INFO):
             fields = {
                 "method": method,
-                "route": route.value,
+                "route": kind,
                 "path": path,
                 "status": status or None,
                 "duration_ms": duration_ms,

@@ -319,7 +319,6 @@ class _Exchange:
         connection: _Connection,
         has_body: bool,
         listener: AnswerListener,
-        deadline: float,
     ) -> None:
         self.pool = pool
         self.connection = connection
@@ -328,9 +327,7 @@ class _Exchange:
         self.head = _Head()
         self.parser = httptools.HttpResponseParser(self.head)
         self.received = False
-        self.timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_at(
-            deadline, self.expire
-        )
+        self.timer: asyncio.TimerHandle | None = None  # the deadline for the head
 
     def feed(self, data: bytes) -> None:
         head = self.head
@@ -404,10 +401,12 @@ class UpstreamPool:
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle
         self._idle: deque[_Connection] = deque()
+        # the loop its connections belong to (asyncio.get_running_loop costs a getpid())
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     async def _connect(self, deadline: float) -> _Connection:
         connection = _Connection()
-        loop = asyncio.get_running_loop()
+        loop = self.loop = asyncio.get_running_loop()
         async with asyncio.timeout_at(min(deadline, loop.time() + self.connect_timeout)):
             await loop.create_connection(lambda: connection, self.host, self.port, ssl=self.tls)
         return connection
@@ -463,11 +462,12 @@ class UpstreamPool:
         """``request`` driven by callbacks, on an idle kept-alive connection: False (nothing
         sent) where there is none. ``listener`` gets the answer, or the failure, from the
         event loop's callbacks, never from within this call."""
-        connection = self._take()
-        if connection is None or connection.transport is None:
+        loop, connection = self.loop, self._take()
+        if loop is None or connection is None or connection.transport is None:
             return False
-        loop = asyncio.get_running_loop()
-        connection.exchange = _Exchange(self, connection, has_body, listener, loop.time() + timeout)
+        exchange = _Exchange(self, connection, has_body, listener)
+        exchange.timer = loop.call_at(loop.time() + timeout, exchange.expire)
+        connection.exchange = exchange
         connection.transport.write(head)
         return True
 
