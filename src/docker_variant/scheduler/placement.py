@@ -55,6 +55,7 @@ from docker_variant.scheduler.pool import (
     Pool,
     ProfileKey,
     Rooms,
+    Signature,
     natural_key,
 )
 from docker_variant.variant.index import VariantIndex
@@ -135,11 +136,29 @@ class Judge:
         self._by_pair: dict[tuple[ProfileKey, ProfileKey | None, str | None], DeviceClass] = {}
         self._by_key: dict[str, DeviceClass] = {}
         self._implied: dict[ProfileKey, str | None] = {}
+        # what ``_kinds`` and ``_on_platform`` work out, the same for every plan of the index:
+        # a signature's judged offers (its agents aside), a candidate's image on a platform
+        self.kinds: dict[_KindKey, _KindParts] = {}
+        self._on: dict[tuple[str, str], Candidate] = {}
 
     @functools.cached_property
     def reference(self) -> list[Candidate]:
         """The candidates ranked on the virtual host (the tie rule of the module docstring)."""
         return select(self.index, virtual_host(self.index)).ranked
+
+    @functools.cached_property
+    def reference_order(self) -> tuple[dict[str, int], dict[str, Candidate]]:
+        """(candidate key -> its place in ``reference``, candidate key -> candidate)."""
+        return _reference_maps(self.reference)
+
+    def on_platform(self, candidate: Candidate, platform: str) -> Candidate:
+        """``candidate`` with the digest and platform of its image's manifest for
+        ``platform``; itself when the image lists no platforms or none matches."""
+        key = (candidate_key(candidate), platform)
+        found = self._on.get(key)
+        if found is None:
+            found = self._on[key] = _image_on(candidate, self.index, platform)
+        return found
 
     def lists(self, host: ProfileKey, device: ProfileKey | None) -> SupportedLists:
         """The lists a device is judged on: the host's CPU namespaces and the device's own
@@ -215,6 +234,21 @@ class JudgeCache:
         return self._judges.put(key, Judge(index, profiles))
 
 
+def _reference_maps(
+    reference: Sequence[Candidate],
+) -> tuple[dict[str, int], dict[str, Candidate]]:
+    order = {candidate_key(c): i for i, c in enumerate(reference)}
+    return order, {candidate_key(c): c for c in reference}
+
+
+def _image_on(candidate: Candidate, index: VariantIndex, platform: str) -> Candidate:
+    image = index.bare if candidate.label is None else index.images.get(candidate.label)
+    picked = None if image is None else image.on(Platform.parse(platform))
+    if picked is None:
+        return candidate
+    return replace(candidate, digest=picked[0], platform=picked[1])
+
+
 # --------------------------------------------------------------------------- kinds
 
 
@@ -241,6 +275,11 @@ class _Kind:
     # when no device is taken
 
 
+_KindKey = tuple[Signature, int, str | None, int | None]  # (signature, per node, name, shares)
+_KindParts = tuple[Spare, str, tuple[_Offer, ...]]  # a _Kind but its agents
+_KEPT_KINDS = 4096  # per judge: more signatures than that, and they are judged afresh
+
+
 def _usable(n_free: int, rooms: Rooms, shares: int | None) -> int:
     """Devices that can take a request: free ones, or with ``shares`` of room."""
     if shares is None:
@@ -264,38 +303,59 @@ def _spare(
 def _kinds(
     pool: Pool, judge: Judge, per_node: int, device_name: str | None, shares: int | None
 ) -> list[_Kind]:
-    """Each signature of the pool judged once: a class is looked up once per profile on
-    a signature, so the work grows with the signatures, not with the nodes."""
+    """Each signature of the pool judged once, so that the work grows with the signatures,
+    not with the nodes; what a signature offers is kept by the judge (``Judge.kinds``), as
+    it depends on nothing else: a plan after a placement judges only the signatures that
+    the placement made."""
+    kept = judge.kinds
+    if len(kept) > _KEPT_KINDS:
+        kept.clear()
     kinds = []
-    classify = judge.classify
-    for (host, reported, names), agents in pool.buckets():
-        platform = judge.platform_of(host, reported)
-        host_class = classify(host, None, platform).key
-        free_devices = sum(n_free for _, counts in names for _, _, n_free, _ in counts)
-        rooms = [
-            room
-            for name, counts in names
-            if shares is not None and (device_name is None or name == device_name)
-            for *_, each in counts
-            for room, count in each
-            for _ in range(count)
-        ]
-        spare = _spare(rooms, free_devices, per_node, shares)
-        offers = []
-        if per_node > 0:
-            for name, counts in names:
-                if device_name is not None and name != device_name:
-                    continue
-                free: dict[str, int] = {}
-                total: dict[str, int] = {}
-                for profile, n, n_free, each in counts:
-                    class_key = classify(host, profile, platform).key
-                    total[class_key] = total.get(class_key, 0) + n
-                    if usable := _usable(n_free, each, shares):
-                        free[class_key] = free.get(class_key, 0) + usable
-                offers.append(_Offer(name, free, total))
-        kinds.append(_Kind(agents, spare, host_class, tuple(offers)))
+    for signature, agents in pool.buckets():
+        key = (signature, per_node, device_name, shares)
+        parts = kept.get(key)
+        if parts is None:
+            parts = kept[key] = _kind_parts(signature, judge, per_node, device_name, shares)
+        kinds.append(_Kind(agents, *parts))
     return kinds
+
+
+def _kind_parts(
+    signature: Signature,
+    judge: Judge,
+    per_node: int,
+    device_name: str | None,
+    shares: int | None,
+) -> _KindParts:
+    """What the nodes of ``signature`` offer: a class looked up once per profile."""
+    host, reported, names = signature
+    classify = judge.classify
+    platform = judge.platform_of(host, reported)
+    host_class = classify(host, None, platform).key
+    free_devices = sum(n_free for _, counts in names for _, _, n_free, _ in counts)
+    rooms = [
+        room
+        for name, counts in names
+        if shares is not None and (device_name is None or name == device_name)
+        for *_, each in counts
+        for room, count in each
+        for _ in range(count)
+    ]
+    spare = _spare(rooms, free_devices, per_node, shares)
+    offers = []
+    if per_node > 0:
+        for name, counts in names:
+            if device_name is not None and name != device_name:
+                continue
+            free: dict[str, int] = {}
+            total: dict[str, int] = {}
+            for profile, n, n_free, each in counts:
+                class_key = classify(host, profile, platform).key
+                total[class_key] = total.get(class_key, 0) + n
+                if usable := _usable(n_free, each, shares):
+                    free[class_key] = free.get(class_key, 0) + usable
+            offers.append(_Offer(name, free, total))
+    return spare, host_class, tuple(offers)
 
 
 # --------------------------------------------------------------------------- units
@@ -352,7 +412,12 @@ def _unit(
 
 
 def _device_order(device: Device) -> NaturalKey:
-    return natural_key(device.device_id)
+    return _id_order(device.device_id)
+
+
+@functools.lru_cache(maxsize=1 << 16)  # a fleet's device ids, ordered on every plan
+def _id_order(device_id: str) -> NaturalKey:
+    return natural_key(device_id)
 
 
 # --------------------------------------------------------------------------- plan
@@ -379,12 +444,16 @@ def plan(
         judge = Judge(index, pool.profiles)
     kinds = _kinds(pool, judge, devices_per_node, device_name, shares)
     reference = judge.reference
+    maps = judge.reference_order
     if only is not None:
         reference = [c for c in reference if candidate_key(c) == only]
-    search = _Search(pool, judge, kinds, reference, nodes, devices_per_node, device_name, shares)
+        maps = _reference_maps(reference)
+    search = _Search(
+        pool, judge, kinds, reference, maps, nodes, devices_per_node, device_name, shares
+    )
     found = search.homogeneous() or search.mixed()
     if found is not None:
-        return _on_platform(replace(found, shares=shares), index)
+        return _on_platform(found, judge)
     return Refusal(search.reasons(index))
 
 
@@ -403,17 +472,13 @@ def plan_request(
     )
 
 
-def _on_platform(found: Plan, index: VariantIndex) -> Plan:
+def _on_platform(found: Plan, judge: Judge) -> Plan:
     """The chosen image's manifest for the gang's platform, when all its nodes share one."""
-    chosen = found.candidate
-    image = index.bare if chosen.label is None else index.images.get(chosen.label)
     platforms = {a.platform for a in found.allocations}
-    if image is None or len(platforms) != 1 or None in platforms:
+    if len(platforms) != 1 or None in platforms:
         return found
-    picked = image.on(Platform.parse(str(platforms.pop())))
-    if picked is None:
-        return found
-    return replace(found, candidate=replace(chosen, digest=picked[0], platform=picked[1]))
+    chosen = judge.on_platform(found.candidate, str(platforms.pop()))
+    return found if chosen is found.candidate else replace(found, candidate=chosen)
 
 
 @dataclass(frozen=True, order=True)
@@ -455,6 +520,7 @@ class _Search:
         judge: Judge,
         kinds: Sequence[_Kind],
         reference: Sequence[Candidate],
+        maps: tuple[Mapping[str, int], Mapping[str, Candidate]],
         nodes: int,
         per_node: int,
         device_name: str | None,
@@ -466,8 +532,7 @@ class _Search:
         self.kinds = kinds
         self.classes = judge.classes
         self.reference = reference
-        self.order = {candidate_key(c): i for i, c in enumerate(reference)}
-        self.candidates = {candidate_key(c): c for c in reference}
+        self.order, self.candidates = maps  # by candidate key: place in reference, candidate
         self.nodes = nodes
         self.per_node = per_node
         self.device_name = device_name
@@ -483,7 +548,7 @@ class _Search:
             )
             for p in picks
         )
-        return Plan(self.candidates[key], allocations, homogeneous)
+        return Plan(self.candidates[key], allocations, homogeneous, self.shares)
 
     def _take(self, runs: Sequence[_Run]) -> list[_Taken]:
         """The first ``nodes`` agents of ``runs`` by (their run's order, agent id)."""

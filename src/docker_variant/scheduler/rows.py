@@ -177,6 +177,11 @@ class Rows:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.url = safe_url(engine.url)
+        # the same pool, each with its transactions' options set once, not per connection
+        self._writer = engine.execution_options(**{WRITE: True})
+        self._reader = engine
+        if engine.dialect.name == "postgresql":  # one snapshot for every statement
+            self._reader = engine.execution_options(isolation_level="REPEATABLE READ")
 
     @classmethod
     def open(cls, url: str) -> Rows:
@@ -209,18 +214,13 @@ class Rows:
 
     @contextlib.contextmanager
     def read(self, what: str) -> Iterator[Connection]:
-        with unavailable(what, self.url), self.engine.connect() as conn:
-            if conn.dialect.name == "postgresql":  # one snapshot for every statement
-                conn = conn.execution_options(isolation_level="REPEATABLE READ")
-            with conn.begin():
-                yield conn
+        with unavailable(what, self.url), self._reader.connect() as conn, conn.begin():
+            yield conn
 
     @contextlib.contextmanager
     def write(self, what: str) -> Iterator[Connection]:
-        with unavailable(what, self.url), self.engine.connect() as conn:
-            conn = conn.execution_options(**{WRITE: True})
-            with conn.begin():
-                yield conn
+        with unavailable(what, self.url), self._writer.connect() as conn, conn.begin():
+            yield conn
 
     def ping(self) -> None:
         with self.read("health check") as conn:
