@@ -182,7 +182,7 @@ class AccessLines:
     most ``batch`` lines or ``delay`` seconds after the first waits, and all at ``flush``
     (the proxy's shutdown)."""
 
-    def __init__(self, stream: TextIO, *, batch: int = 256, delay: float = 0.05) -> None:
+    def __init__(self, stream: TextIO, *, batch: int = 256, delay: float = 0.2) -> None:
         self.stream = stream
         self.batch = batch
         self.delay = delay

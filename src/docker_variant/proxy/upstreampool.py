@@ -309,9 +309,7 @@ class _Exchange:
     """One ``send_nowait`` request on a connection: the answer is parsed in the connection's
     ``data_received`` and handed over once its head (and a small body whole) is in."""
 
-    __slots__ = (
-        "connection", "has_body", "head", "listener", "parser", "pool", "received", "timer",
-    )  # fmt: skip
+    __slots__ = ("connection", "has_body", "head", "listener", "parser", "pool", "received")
 
     def __init__(
         self,
@@ -327,7 +325,6 @@ class _Exchange:
         self.head = _Head()
         self.parser = httptools.HttpResponseParser(self.head)
         self.received = False
-        self.timer: asyncio.TimerHandle | None = None  # the deadline for the head
 
     def feed(self, data: bytes) -> None:
         head = self.head
@@ -369,7 +366,7 @@ class _Exchange:
             self._fail(ConnectionError(f"the upstream closed the connection mid-answer{reason}"))
 
     def expire(self) -> None:
-        self.timer = None
+        """The deadline for the answer's head passed (the pool's watchdog)."""
         self._fail(TimeoutError("no answer from the upstream in time"))
 
     def _fail(self, error: BaseException) -> None:
@@ -379,9 +376,7 @@ class _Exchange:
 
     def _end(self) -> None:
         self.connection.exchange = None
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.pool.forget(self)
 
 
 class UpstreamPool:
@@ -403,6 +398,10 @@ class UpstreamPool:
         self._idle: deque[_Connection] = deque()
         # the loop its connections belong to (asyncio.get_running_loop costs a getpid())
         self.loop: asyncio.AbstractEventLoop | None = None
+        # send_nowait exchanges waiting for a head, with their deadlines; one watchdog timer
+        # for them all (a timer per request, set and cancelled, cost more than the rest)
+        self._waiting: dict[_Exchange, float] = {}
+        self._watchdog: asyncio.TimerHandle | None = None
 
     async def _connect(self, deadline: float) -> _Connection:
         connection = _Connection()
@@ -466,10 +465,36 @@ class UpstreamPool:
         if loop is None or connection is None or connection.transport is None:
             return False
         exchange = _Exchange(self, connection, has_body, listener)
-        exchange.timer = loop.call_at(loop.time() + timeout, exchange.expire)
+        deadline = loop.time() + timeout
+        self._waiting[exchange] = deadline
+        if self._watchdog is None or deadline < self._watchdog.when():
+            self._arm(loop, deadline)
         connection.exchange = exchange
         connection.transport.write(head)
         return True
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._watchdog = loop.call_at(deadline, self._expire_due)
+
+    def _expire_due(self) -> None:
+        """The watchdog: every exchange past its deadline fails; it is armed again for the
+        earliest deadline left."""
+        self._watchdog = None
+        loop = self.loop
+        if loop is None:
+            return
+        now = loop.time()
+        for exchange, deadline in list(self._waiting.items()):
+            if deadline <= now:
+                exchange.expire()  # forgets it
+        if self._waiting:
+            self._arm(loop, min(self._waiting.values()))
+
+    def forget(self, exchange: _Exchange) -> None:
+        """``exchange`` is over: the watchdog no longer looks at it."""
+        self._waiting.pop(exchange, None)
 
     def _take(self) -> _Connection | None:
         while self._idle:
@@ -487,3 +512,6 @@ class UpstreamPool:
     def close(self) -> None:
         while self._idle:
             self._idle.pop().close()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
