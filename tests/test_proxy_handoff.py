@@ -4,6 +4,7 @@ the module uses exists on a live connection of it."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import tomllib
@@ -17,6 +18,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 from uvicorn.protocols.http import flow_control, httptools_impl
 
+from docker_variant.proxy.__main__ import QuietServer
 from docker_variant.proxy.handoff import PRIVATE_NAMES, HandoffHttpToolsProtocol, socket_handoff
 from proxyrunner import eventually
 
@@ -86,3 +88,35 @@ def test_every_private_name_exists_on_a_live_connection() -> None:
         thread.join(timeout=15)
         sock.close()
     assert missing == {}
+
+
+def test_the_quiet_server_ticks_as_uvicorn_does_and_exits_at_once_when_told() -> None:
+    """``QuietServer`` (variant-proxy's uvicorn server) replaces uvicorn's main loop: it
+    still calls ``on_tick`` with a counter on which uvicorn's once-a-second work runs, and
+    an exit signal (``handle_exit``) ends it without waiting for the next tick."""
+    ticks: list[int] = []
+
+    class Counted(QuietServer):
+        async def on_tick(self, counter: int) -> bool:
+            ticks.append(counter)
+            return await super().on_tick(counter)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        pass
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = Counted(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        eventually(lambda: server.started or not thread.is_alive(), 15.0, "uvicorn started")
+        assert server.started
+        server.handle_exit(signal.SIGINT, None)
+        thread.join(timeout=15)
+        assert not thread.is_alive()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        sock.close()
+    assert ticks and all(counter % 10 == 0 for counter in ticks)

@@ -7,10 +7,13 @@ exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
 import os
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -39,7 +42,7 @@ from docker_variant.server.options import (
     tls_options,
 )
 
-__all__ = ["main", "server_config"]
+__all__ = ["QuietServer", "main", "server_config"]
 
 DEFAULT_LISTEN = "127.0.0.1:5080"
 CACHE_ENV = "VARIANT_PROXY_CACHE"
@@ -113,6 +116,32 @@ def _logs_info(level: str) -> bool:
     return logging.getLevelName(level.upper()) in (logging.DEBUG, logging.INFO)
 
 
+class QuietServer(uvicorn.Server):
+    """uvicorn's server, whose main loop wakes once a second rather than ten times: its tick
+    refreshes the ``Date`` default header (off here) and looks at the exit flag, and ten
+    wake-ups a second cost an idle proxy some 2 ms of CPU a second. A signal to exit wakes
+    it at once."""
+
+    _exit_wanted: asyncio.Event | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    async def main_loop(self) -> None:
+        self._loop, self._exit_wanted = asyncio.get_running_loop(), asyncio.Event()
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 10) % 864000  # on_tick's once-a-second work, every time
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await self._exit_wanted.wait()
+            should_exit = await self.on_tick(counter)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self._loop is not None and self._exit_wanted is not None:
+            self._loop.call_soon_threadsafe(self._exit_wanted.set)
+
+
 def server_config(app: Starlette, log_level: str = "info", **tls: Any) -> uvicorn.Config:
     """How the proxy runs under uvicorn (also used by the tests); ``tls``: ``tls_options``."""
     return uvicorn.Config(
@@ -168,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         "shared (Redis)" if args.cache else "local",
     )
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        QuietServer(config).run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:
