@@ -278,3 +278,33 @@ def test_a_caller_gone_before_the_answer_is_logged_aborted_and_the_connection_ke
         lambda: _requests(proxy, "manifest", "GET", "aborted") == 1, 10, "an aborted request"
     )
     assert httpx.get(proxy.url + MANIFEST).json() == {"connection": 0}
+
+
+def test_pipelined_requests_are_answered_in_order(
+    upstream_with: Callable[[Script], tuple[ScriptedUpstream, ProxyServer]],
+) -> None:
+    """Requests sent back to back on one connection: the first is answered from callbacks,
+    the ones behind it wait for it (uvicorn's pipeline), and all come back in order."""
+    counts = {"asked": 0}
+
+    def script(asked: Asked) -> Say:
+        counts["asked"] += 1
+        return Say([answer(b'{"n": %d}' % counts["asked"])])
+
+    _, proxy = upstream_with(script)
+    httpx.get(proxy.url + MANIFEST)  # an upstream connection to keep
+    request = f"GET {MANIFEST} HTTP/1.1\r\nHost: {proxy.host}\r\n\r\n".encode()
+    bodies = []
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as caller:
+        caller.sendall(request * 3)
+        pending = b""
+        while len(bodies) < 3:
+            while b"\r\n\r\n" not in pending or len(pending.partition(b"\r\n\r\n")[2]) < 8:
+                got = caller.recv(65536)
+                assert got, pending
+                pending += got
+            head, _, pending = pending.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 ")
+            bodies.append(pending[:8])
+            pending = pending[8:]
+    assert bodies == [b'{"n": 2}', b'{"n": 3}', b'{"n": 4}']
