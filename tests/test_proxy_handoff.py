@@ -4,6 +4,7 @@ the module uses exists on a live connection of it."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import threading
@@ -120,3 +121,63 @@ def test_the_quiet_server_ticks_as_uvicorn_does_and_exits_at_once_when_told() ->
         thread.join(timeout=15)
         sock.close()
     assert ticks and all(counter % 10 == 0 for counter in ticks)
+
+
+def test_an_idle_kept_alive_connection_is_closed_after_the_time_out_and_a_busy_one_is_not() -> None:
+    """The protocol's keep-alive timer (one per connection): a connection whose request is
+    still being answered when the timer fires stays open, is answered, and is closed once
+    it has then been idle for the time-out."""
+    release = threading.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/slow":
+            await asyncio.to_thread(release.wait, 30)
+        headers = [(b"content-length", b"2")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app, http=HandoffHttpToolsProtocol, log_level="warning", lifespan="off",
+        timeout_keep_alive=1,
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+
+    def ask(caller: socket.socket, path: str) -> bytes:
+        caller.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        got = b""
+        while not got.endswith(b"ok"):
+            piece = caller.recv(65536)
+            assert piece, got
+            got += piece
+        return got
+
+    try:
+        eventually(lambda: server.started or not thread.is_alive(), 15.0, "uvicorn started")
+        with socket.create_connection(("127.0.0.1", port), timeout=15) as caller:
+            assert ask(caller, "/").startswith(b"HTTP/1.1 200 ")
+            (protocol,) = server.server_state.connections
+            timer = protocol.timeout_keep_alive_task
+            assert timer is not None
+            caller.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            # the timer set after the first answer fires while /slow is being answered
+            eventually(lambda: protocol.timeout_keep_alive_task is not timer, 15, "timer fired")
+            release.set()
+            got = b""
+            while not got.endswith(b"ok"):
+                piece = caller.recv(65536)
+                assert piece, "closed while busy"
+                got += piece
+            assert ask(caller, "/").startswith(b"HTTP/1.1 200 ")  # still open
+            assert caller.recv(1) == b""  # closed once idle for the time-out
+    finally:
+        release.set()
+        server.should_exit = True
+        thread.join(timeout=15)
+        sock.close()

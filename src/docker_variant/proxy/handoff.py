@@ -25,6 +25,9 @@ The protocol also holds a response head back until the body's first write, the r
 end, or the end of the event loop's turn: uvicorn writes head and body separately, so a small answer (a
 manifest) cost two syscalls and two TCP segments, and the caller woke up twice.
 
+Keep-alive: one timer per connection, looked at when it fires, rather than one made per
+answer and cancelled at the next request (uvicorn's way); the time-out is uvicorn's.
+
 Quick reads: an app with a ``quick_reads`` attribute (a ``QuickReads``) is offered each
 plain-HTTP GET and HEAD as its head is parsed, before uvicorn builds a request cycle and an
 ASGI task for it. One it takes is answered from callbacks through a ``QuickCycle``
@@ -61,14 +64,15 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
         "on_headers_complete", "on_response_complete", "cycle", "scope", "scheme",
         "transport", "loop", "flow", "parser", "url", "root_path", "pipeline",
         "limit_concurrency", "expect_100_continue", "logger", "access_logger", "access_log",
-        "server_state", "_start_asgi_task",
+        "server_state", "_start_asgi_task", "timeout_keep_alive", "timeout_keep_alive_task",
+        "timeout_keep_alive_handler", "_unset_keepalive_if_required", "connection_lost",
     ),
     "RequestResponseCycle": (
         "scope", "transport", "response_started", "response_complete", "disconnected",
         "keep_alive", "expected_content_length", "message_event", "on_response", "body",
         "more_body",
     ),
-    "FlowControl": ("pause_reading",),
+    "FlowControl": ("pause_reading", "resume_reading"),
 }  # fmt: skip
 _JOIN_MAX = 64 << 10  # a held head is joined to a first body write up to this size
 
@@ -357,12 +361,52 @@ class HandoffHttpToolsProtocol(HttpToolsProtocol):
         self._dress(cycle)
         return cycle
 
+    # Keep-alive: uvicorn sets a timer after each answer and cancels it at the next request's
+    # first bytes, a timer handle made and dropped per request. Here a connection has one
+    # timer, set when an answer completes and none is set; when it fires, an idle
+    # connection is closed if it has been idle for the time-out, else it waits the rest.
+    _idle_since: float | None = None  # loop time of the last answer; None while busy
+
+    def _unset_keepalive_if_required(self) -> None:
+        self._idle_since = None  # busy: a timer that fires now does nothing
+
     def on_response_complete(self) -> None:
+        """uvicorn's ``on_response_complete`` (start a pipelined request, or wait for the
+        next one kept alive), with the keep-alive timer above."""
         # a HEAD answer (or any without a body) has no body write to carry its head
         transport = self.cycle.transport if self.cycle is not None else None
         if isinstance(transport, _HeadHeldTransport):
             transport.flush()
-        super().on_response_complete()
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._idle_since = None
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self._keep_alive_due
+            )
+
+    def _keep_alive_due(self) -> None:
+        self.timeout_keep_alive_task = None
+        if self._idle_since is None:
+            return  # busy; set again when its answer completes
+        left = self._idle_since + self.timeout_keep_alive - self.loop.time()
+        if left > 0:
+            self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_due)
+        else:
+            self.timeout_keep_alive_handler()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
 
 
 def socket_handoff(scope: dict[str, Any] | Any) -> SocketHandoff | None:

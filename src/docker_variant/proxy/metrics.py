@@ -235,7 +235,7 @@ class RequestLog:
             size += relayed
             self.metrics.relayed_bytes.labels(scope.get(RELAY_MODE, "copy")).inc(relayed)
         shown = str(status) if status else "aborted"  # cancelled before answering
-        kind: str = route.value
+        kind: str = route  # a StrEnum: its value, without the enum property lookup
         self.metrics.count_request(kind, method, shown)
         duration_ms = round((time.perf_counter() - started) * 1000, 2)
         path: str = scope.get("path", "")
