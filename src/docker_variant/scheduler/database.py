@@ -127,6 +127,9 @@ def open_engine(text: str) -> Engine:
         engine = create_engine(
             url,
             connect_args={"timeout": _SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
+            # the connection used last first: its page cache is current, where SQLite
+            # re-reads the pages of one whose cache other connections' commits made stale
+            pool_use_lifo=True,
             pool_size=8,
             max_overflow=24,
         )
