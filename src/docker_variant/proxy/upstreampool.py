@@ -227,11 +227,18 @@ class Answer:
         """The whole body if it has already arrived (small answers), else ``None``."""
         if self.length is None:
             return None
-        have = sum(len(c) for c in self._head.body)
-        if have < self.length:
+        chunks = self._head.body
+        if len(chunks) == 1:  # most small answers: no copy
+            body = chunks[0]
+            if len(body) < self.length:
+                return None
+        elif sum(len(c) for c in chunks) < self.length:
             return None
-        body = b"".join(self._head.body)[: self.length]
-        self._head.body.clear()
+        else:
+            body = b"".join(chunks)
+        if len(body) > self.length:
+            body = body[: self.length]
+        chunks.clear()
         self._finish()
         return body
 
