@@ -308,3 +308,36 @@ def test_pipelined_requests_are_answered_in_order(
             bodies.append(pending[:8])
             pending = pending[8:]
     assert bodies == [b'{"n": 2}', b'{"n": 3}', b'{"n": 4}']
+
+
+def test_a_small_body_slower_than_the_head_deadline_is_not_cut_off(
+    upstream_with: Callable[[Script], tuple[ScriptedUpstream, ProxyServer]],
+) -> None:
+    """The upstream time-out bounds the wait for an answer's head; the rest of a small body
+    that comes after that deadline is still awaited and sent whole (as on the ASGI path)."""
+    between, never = threading.Event(), threading.Event()
+    silent = "/v2/a/manifests/silent"
+
+    def script(asked: Asked) -> Say:
+        if asked.path == silent:
+            return Say([never])
+        if len(upstream.asked) == 2:
+            return Say([b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nhello", between, b" world"])
+        return Say([answer(b"{}")])
+
+    upstream, proxy = upstream_with(script)
+    got: list[httpx.Response] = []
+    try:
+        with httpx.Client(timeout=15) as client:
+            client.get(proxy.url + MANIFEST)
+            slow = threading.Thread(target=lambda: got.append(client.get(proxy.url + MANIFEST)))
+            slow.start()
+            eventually(lambda: len(upstream.asked) == 2, 10, "the second request went upstream")
+            # asked later, on another connection, and timed out: the deadline above is past
+            assert httpx.get(proxy.url + silent, timeout=15).status_code == 504
+            between.set()
+            slow.join(15)
+    finally:
+        between.set()
+        never.set()
+    assert got and got[0].status_code == 200 and got[0].content == b"hello world"

@@ -341,8 +341,12 @@ class _Exchange:
         except httptools.HttpParserError as exc:
             self._fail(exc)
             return
-        if head.headers_done and (head.message_done or not self._awaits_body()):
+        if not head.headers_done:
+            return
+        if head.message_done or not self._awaits_body():
             self._answer()
+        else:  # the deadline is the head's: a body is never timed, as on the ASGI path
+            self.pool.forget(self)
 
     def _awaits_body(self) -> bool:
         """A small framed body is awaited whole; a large, chunked or unframed one goes on
