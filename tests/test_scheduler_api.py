@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from conftest import RunningRegistry
 from docker_variant.oci.reference import Reference, parse_reference
-from docker_variant.scheduler import Store
+from docker_variant.scheduler import Store, rows
 from docker_variant.scheduler.database import open_engine
 from docker_variant.scheduler.models import allocations
 from docker_variant.variant import VariantIndex
@@ -252,6 +252,22 @@ def test_the_database_refuses_a_device_allocated_twice(store: Store, api: httpx.
         )
 
 
+def test_a_refusal_of_a_prepared_statement_is_a_lost_race_and_rolls_back(
+    store: Store, api: httpx.Client
+) -> None:
+    # the statements of a placement run on the DBAPI cursor (rows.Prepared): the database's
+    # refusal still arrives as SQLAlchemy's error, and the transaction ends with nothing kept
+    put_agent(api, "node", agent_body(H200_R570, 2))
+    placement = place(api, 1, 1).json()
+    again = {"id": placement["id"], "note": "a second placement with the same id"}
+    with pytest.raises(IntegrityError) as refused, store.rows.write("placing") as conn:
+        rows.insert_placement(conn, again, None, 0.0)
+    assert rows.lost_race(refused.value)
+    kept = store.get_placement(placement["id"])
+    assert kept is not None and "note" not in kept
+    assert place(api, 1, 1).status_code == 201  # the write lock went with the transaction
+
+
 def test_a_plan_made_on_stale_state_does_not_commit_and_is_replanned(store: Store) -> None:
     from docker_variant.scheduler.documents import parse_agent_report, parse_placement_request
     from docker_variant.scheduler.placement import Plan, plan
@@ -471,7 +487,6 @@ def test_placement_gives_up_after_losing_every_race(
 
     sqlite_store.report_agent(parse_agent_report(agent_body(H200_R570, 2), "node"))
     monkeypatch.setattr(sqlite_store, "attempts", 2)
-    from docker_variant.scheduler import rows
 
     def outraced(*_args: Any) -> None:  # as when another writer took the devices first
         raise rows.Stale()

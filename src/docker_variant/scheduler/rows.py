@@ -142,6 +142,8 @@ class Prepared:
         form = self._forms.get(key)
         if form is None:
             compiled: Any = self.statement.compile(dialect=dialect, column_keys=self.columns)
+            if any(bind.expanding for bind in compiled.binds.values()):
+                raise TypeError("an expanding parameter needs SQLAlchemy's execution")
             fixed = {
                 name: value
                 for name, value in compiled.params.items()
