@@ -166,14 +166,15 @@ class Sent:
 def access_line(
     method: str, route: str, path: str, status: int, duration_ms: float, sent: int
 ) -> str:
-    """One request's JSON line, with the fields and key order that ``JsonFormatter`` gives
-    an access record, built without ``logging`` (a record, handlers and ``json.dumps`` cost
-    a fifth of a manifest GET's time in the proxy)."""
+    """One request's JSON line, with the fields, key order and values (``duration_ms`` to
+    0.01 ms, ``ts`` to 1 ms) that ``JsonFormatter`` gives an access record, built without
+    ``logging`` (a record, handlers and ``json.dumps`` cost a fifth of a manifest GET's time
+    in the proxy; the numbers are formatted once, not rounded and then printed)."""
     return (
-        f'{{"bytes": {sent}, "duration_ms": {duration_ms!r}, "level": "info", '
+        f'{{"bytes": {sent}, "duration_ms": {duration_ms:.2f}, "level": "info", '
         f'"logger": "{ACCESS_LOGGER}", "method": {encode_basestring_ascii(method)}, '
         f'"path": {encode_basestring_ascii(path)}, "route": "{route}", '
-        f'"status": {status or "null"}, "ts": {round(time.time(), 3)!r}}}\n'
+        f'"status": {status or "null"}, "ts": {time.time():.3f}}}\n'
     )
 
 
@@ -237,7 +238,7 @@ class RequestLog:
         shown = str(status) if status else "aborted"  # cancelled before answering
         kind: str = route  # a StrEnum: its value, without the enum property lookup
         self.metrics.count_request(kind, method, shown)
-        duration_ms = round((time.perf_counter() - started) * 1000, 2)
+        duration_ms = (time.perf_counter() - started) * 1000
         path: str = scope.get("path", "")
         if self.lines is not None:
             self.lines.add(access_line(method, kind, path, status, duration_ms, size))
@@ -247,7 +248,7 @@ class RequestLog:
                 "route": kind,
                 "path": path,
                 "status": status or None,
-                "duration_ms": duration_ms,
+                "duration_ms": round(duration_ms, 2),
                 "bytes": size,
             }
             self.log.info("request", extra={"fields": fields})

@@ -71,6 +71,9 @@ _REWRITTEN = frozenset({b"location", b"content-location", b"link"})
 _CHECK_BODY_LIMIT = 4 << 20  # a manifest's size limit
 
 
+_FIELD = b": "
+
+
 @lru_cache(maxsize=64)
 def _status_line(status: int) -> bytes:
     try:
@@ -82,7 +85,10 @@ def _status_line(status: int) -> bytes:
 
 def response_head(status: int, headers: Sequence[tuple[bytes, bytes]]) -> bytes:
     """The status line and header lines of an answer, as bytes (no blank line)."""
-    return _status_line(status) + b"".join([k + b": " + v + b"\r\n" for k, v in headers])
+    if not headers:
+        return _status_line(status)
+    # map over bytes.join: no Python frame per header
+    return _status_line(status) + b"\r\n".join(map(_FIELD.join, headers)) + b"\r\n"
 
 
 def proxy_base_url(scope: Scope) -> str:
@@ -360,9 +366,12 @@ class Upstream:
         if query:
             target += "?" + query.decode("latin-1")
         lines = [f"{method} {target} HTTP/1.1".encode(), self._host_header]
-        if not any(k == b"user-agent" for k, _ in headers):  # names from ASGI: lower case
+        for name, _ in headers:
+            if name == b"user-agent":  # names from ASGI: lower case
+                break
+        else:
             lines.append(self._user_agent)
-        lines += [k + b": " + v for k, v in headers]
+        lines += map(_FIELD.join, headers)
         lines.append(b"\r\n")
         return b"\r\n".join(lines)
 
