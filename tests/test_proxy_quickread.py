@@ -126,8 +126,11 @@ def test_reads_go_over_the_kept_connection_with_headers_as_forwarded(
     with httpx.Client() as client:
         for method in ("GET", "HEAD", "GET", "HEAD"):
             got = client.request(
-                method, proxy.url + MANIFEST, headers={"Accept": "x/y", "TE": "trailers"}
-            )
+                method,
+                proxy.url + MANIFEST,
+                headers={"Accept": "x/y", "TE": "trailers", "Connection": "keep-alive, X-Mine",
+                         "X-Mine": "1"},
+            )  # fmt: skip
             assert got.status_code == 200
             assert got.content == (body if method == "GET" else b"")
             assert got.headers["content-length"] == str(len(body))
@@ -137,6 +140,7 @@ def test_reads_go_over_the_kept_connection_with_headers_as_forwarded(
     assert [a.method for a in upstream.asked] == ["GET", "HEAD", "GET", "HEAD"]
     sent = upstream.asked[-1].head.lower()
     assert b"\r\naccept: x/y" in sent and b"te: trailers" not in sent
+    assert b"x-mine" not in sent and b"connection" not in sent  # hop-by-hop, named or not
     assert b"\r\nhost: 127.0.0.1:" in sent and b"user-agent: " in sent
     assert _requests(proxy, "manifest", "GET", "200") == 2
     assert _requests(proxy, "manifest", "HEAD", "200") == 2

@@ -26,7 +26,7 @@ from docker_variant.proxy.handoff import QuickCycle
 from docker_variant.proxy.metrics import RequestLog, Sent
 from docker_variant.proxy.names import Route
 from docker_variant.proxy.passthrough import REQUEST_DROP_RAW, Upstream, response_head
-from docker_variant.proxy.upstreampool import Answer, connection_tokens
+from docker_variant.proxy.upstreampool import Answer, header_tokens
 
 __all__ = ["start_quick_read"]
 
@@ -40,21 +40,26 @@ _REFUSED = frozenset(
 )  # fmt: skip
 
 
+_OPTIONS = frozenset({b"close", b"keep-alive"})  # Connection tokens that name no header
+
+
 def _forwarded_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]] | None:
     """The request headers that go upstream (names in lower case, from the server's
     parser), in one pass; None where the request is not for the quick path."""
     kept = []
-    connection = False
+    connection = []
     for name, value in raw:
         if name in _REFUSED:
             return None
         if name in REQUEST_DROP_RAW:
-            connection = connection or name == b"connection"
+            if name == b"connection":
+                connection.append(value)
             continue
         kept.append((name, value))
-    if connection:
-        tokens = connection_tokens(raw, lowered=True)
-        kept = [(k, v) for k, v in kept if k not in tokens]
+    if connection:  # most say keep-alive or close, whose headers are dropped already
+        named = header_tokens(connection) - _OPTIONS
+        if named:
+            kept = [(k, v) for k, v in kept if k not in named]
     return kept
 
 

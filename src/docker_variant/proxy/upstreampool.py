@@ -27,7 +27,7 @@ from typing import Protocol, cast
 
 import httptools
 
-__all__ = ["Answer", "AnswerListener", "UpstreamPool", "connection_tokens"]
+__all__ = ["Answer", "AnswerListener", "UpstreamPool", "connection_tokens", "header_tokens"]
 
 _HIGH_WATER = 1 << 20  # buffered upstream bytes at which reading pauses (back-pressure)
 SMALL_BODY = 256 << 10  # a body of at most this many bytes is awaited whole by send_nowait
@@ -178,10 +178,11 @@ def connection_tokens(
 ) -> frozenset[bytes]:
     """The tokens of ``Connection``: ``close``, ``keep-alive``, and header names that are
     hop-by-hop too (RFC 9110 7.6.1)."""
-    return _tokens(v for k, v in headers if (k if lowered else k.lower()) == b"connection")
+    return header_tokens(v for k, v in headers if (k if lowered else k.lower()) == b"connection")
 
 
-def _tokens(values: Iterable[bytes]) -> frozenset[bytes]:
+def header_tokens(values: Iterable[bytes]) -> frozenset[bytes]:
+    """The comma-separated tokens of header ``values``, in lower case."""
     return frozenset(t.strip().lower() for v in values for t in v.split(b",") if t.strip())
 
 
@@ -210,7 +211,7 @@ class Answer:
         self._parser = parser
         self._head = head
         # the tokens of Connection: close, keep-alive, and header names that are hop-by-hop
-        self.connection_tokens = _tokens(head.connection) if head.connection else frozenset()
+        self.connection_tokens = header_tokens(head.connection) if head.connection else frozenset()
         self._reusable = _keeps_alive(parser.get_http_version(), self.connection_tokens)
         self.length: int | None = 0  # body bytes; None: chunked or up to EOF
         self._chunked = False
