@@ -6,13 +6,16 @@ import hashlib
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from docker_variant.docker import Engine, EngineError, check_push_labels, engine_host
 from docker_variant.docker.events import LayerLines
+from docker_variant.docker.ops import pull_candidate
 from docker_variant.errors import InvalidInputError
 from docker_variant.oci.reference import parse_reference
+from docker_variant.variant import Candidate
 
 
 @pytest.fixture
@@ -124,3 +127,55 @@ def test_a_log_or_pipe_gets_one_plain_line_per_finished_layer() -> None:
         "pull 5d0aeceef7ee: Pull complete\n"
         "pull [bold]\\x1b]0;t\\x07: Pull complete\n"
     )
+
+
+class _TagRecorder(Engine):
+    """An engine whose pulled image carries ``repo_tags``; records the tag requests."""
+
+    def __init__(self, repo_tags: list[str]) -> None:  # no connection: nothing is sent
+        self.repo_tags = repo_tags
+        self.calls: list[str] = []
+
+    def pull(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def inspect_image(self, ref: str) -> dict[str, Any] | None:
+        return {"Id": "sha256:" + "1" * 64, "RepoTags": self.repo_tags}
+
+    def tag(self, source: str, repository: str, tag: str) -> None:
+        self.calls.append(f"tag {repository}:{tag}")
+        if tag == "fail":
+            raise EngineError("tag refused")
+
+    def untag(self, ref: str) -> None:
+        self.calls.append(f"untag {ref}")
+
+
+@pytest.mark.parametrize(
+    ("ref", "repo_tags", "calls"),
+    [
+        # Docker lists a Docker Hub image's tags in their short form
+        ("ubuntu:1.0", ["ubuntu:1.0-v3", "ubuntu:1.0"], []),
+        ("ubuntu:1.0", ["ubuntu:1.0-v3"], ["tag docker.io/library/ubuntu:1.0"]),
+        ("127.0.0.1:5000/app:1.0", ["127.0.0.1:5000/app:1.0-v3"], ["tag 127.0.0.1:5000/app:1.0"]),
+        ("127.0.0.1:5000/app:1.0", [], ["tag 127.0.0.1:5000/app:1.0-v3", "tag 127.0.0.1:5000/app:1.0"]),
+        # the second tag refused: the first one made here is undone, one already there is kept
+        ("r.example/app:fail", [], ["tag r.example/app:fail-v3", "tag r.example/app:fail", "untag r.example/app:fail-v3"]),
+        ("r.example/app:fail", ["r.example/app:fail-v3"], ["tag r.example/app:fail"]),
+    ],
+)  # fmt: skip
+def test_pull_tags_only_what_the_image_lacks(
+    ref: str, repo_tags: list[str], calls: list[str]
+) -> None:
+    reference = parse_reference(ref)
+    assert reference.tag is not None
+    chosen = Candidate(
+        label="v3", tag=f"{reference.tag}-v3", digest="sha256:" + "2" * 64, kind="variant"
+    )
+    engine = _TagRecorder(repo_tags)
+    if reference.tag == "fail":
+        with pytest.raises(EngineError):
+            pull_candidate(engine, reference, chosen, lambda _: None)
+    else:
+        pull_candidate(engine, reference, chosen, lambda _: None)
+    assert engine.calls == calls

@@ -39,18 +39,16 @@ def pull_candidate(
         raise EngineError(f"pull {source}: the engine reports no such image after pulling it")
     version_tag = reference.tag or chosen.tag
     wanted = [chosen.tag, version_tag] if chosen.tag != version_tag else [chosen.tag]
-    # Tags the engine already lists on the image need no request; others are asked after
-    # (an unlisted one may still be this image under another spelling of its name).
+    # The engine lists the image's tags as Docker prints them (``familiar``): one already
+    # there needs no request, and is not undone if the other tag fails.
     in_place = set(inspected.get("RepoTags") or ())
     made: list[str] = []
     try:
         for tag in wanted:
-            if f"{name}:{tag}" in in_place:
+            if reference.with_tag(tag).familiar() in in_place:
                 continue
-            existed = engine.inspect_image(f"{name}:{tag}")
             engine.tag(source, name, tag)
-            if existed is None or existed.get("Id") != inspected["Id"]:
-                made.append(f"{name}:{tag}")
+            made.append(f"{name}:{tag}")
     except EngineError:
         for ref in made:
             engine.untag(ref)
