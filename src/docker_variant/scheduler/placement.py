@@ -138,7 +138,7 @@ class Judge:
         self._implied: dict[ProfileKey, str | None] = {}
         # what ``_kinds`` and ``_on_platform`` work out, the same for every plan of the index:
         # a signature's judged offers (its agents aside), a candidate's image on a platform
-        self.kinds: dict[_KindKey, _KindParts] = {}
+        self.kinds: Kept[_KindKey, _KindParts] = Kept(_KEPT_KINDS)
         self._on: dict[tuple[str, str], Candidate] = {}
 
     @functools.cached_property
@@ -277,7 +277,7 @@ class _Kind:
 
 _KindKey = tuple[Signature, int, str | None, int | None]  # (signature, per node, name, shares)
 _KindParts = tuple[Spare, str, tuple[_Offer, ...]]  # a _Kind but its agents
-_KEPT_KINDS = 4096  # per judge: more signatures than that, and they are judged afresh
+_KEPT_KINDS = 4096  # signatures' offers per judge, the least recently used dropped past it
 
 
 def _usable(n_free: int, rooms: Rooms, shares: int | None) -> int:
@@ -308,14 +308,12 @@ def _kinds(
     it depends on nothing else: a plan after a placement judges only the signatures that
     the placement made."""
     kept = judge.kinds
-    if len(kept) > _KEPT_KINDS:
-        kept.clear()
     kinds = []
     for signature, agents in pool.buckets():
         key = (signature, per_node, device_name, shares)
         parts = kept.get(key)
         if parts is None:
-            parts = kept[key] = _kind_parts(signature, judge, per_node, device_name, shares)
+            parts = kept.put(key, _kind_parts(signature, judge, per_node, device_name, shares))
         kinds.append(_Kind(agents, *parts))
     return kinds
 
