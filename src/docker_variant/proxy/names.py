@@ -12,9 +12,9 @@ before any pattern looks at it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from urllib.parse import unquote
 
 from docker_variant.oci.errcode import ErrorCode
@@ -63,19 +63,16 @@ class Route:
     name: str | None = None
     reference: str | None = None  # tag/digest, blob digest, upload id or variants version
 
-    # parse_v2_path keeps its routes, and a pull asks for each many times: built once
-    _upstream: str | None = field(default=None, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_upstream", self._upstream_path())
-
     def upstream_path(self) -> str:
         """The upstream path, rebuilt from the validated parts only."""
-        if self._upstream is None:
+        path = self._upstream
+        if path is None:
             raise ValueError(f"route {self.kind} is not forwarded upstream")
-        return self._upstream
+        return path
 
-    def _upstream_path(self) -> str | None:
+    # parse_v2_path keeps its routes, and a pull asks for each many times: built once
+    @cached_property
+    def _upstream(self) -> str | None:
         name, ref = self.name, self.reference or ""
         match self.kind:
             case RouteKind.BASE:
