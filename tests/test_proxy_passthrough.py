@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from conftest import RunningRegistry
+from docker_variant.proxy.passthrough import forwarded_headers
 from fakeupstream import FakeUpstream, Reply, Seen
 from imaging import ImageBuilder, push_blob, sha256_digest
 from proxyrunner import ProxyServer
@@ -406,3 +407,26 @@ def test_small_answers_go_down_whole_on_a_kept_alive_connection(
     seen = [r for r in fake.requests if r.path == path]
     assert [r.method for r in seen] == ["GET", "HEAD", "GET", "GET"]
     assert all("connection" not in r.headers for r in seen)  # the caller's is not sent on
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ([(b"accept", b"a"), (b"host", b"p:1"), (b"te", b"trailers")], [(b"accept", b"a")]),
+        # the Connection header's tokens name hop-by-hop headers too, "close" included
+        (
+            [(b"connection", b"keep-alive, X-Hop"), (b"x-hop", b"1"), (b"keep-alive", b"5"),
+             (b"authorization", b"Bearer t")],
+            [(b"authorization", b"Bearer t")],
+        ),
+        ([(b"connection", b"close"), (b"close", b"x"), (b"accept", b"a")], [(b"accept", b"a")]),
+        ([(b"x-variant-properties", b"{}"), (b"expect", b"100-continue")], []),
+    ],
+)  # fmt: skip
+def test_forwarded_headers_leave_out_hop_by_hop_ones(
+    raw: list[tuple[bytes, bytes]], expected: list[tuple[bytes, bytes]]
+) -> None:
+    assert forwarded_headers(raw) == expected
+    assert forwarded_headers(raw, frozenset({b"accept"})) == (
+        None if (b"accept", b"a") in raw else expected
+    )

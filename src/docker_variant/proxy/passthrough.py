@@ -36,7 +36,7 @@ from docker_variant.proxy.handoff import socket_handoff
 from docker_variant.proxy.metrics import Sent, http_date
 from docker_variant.proxy.names import Route, RouteKind
 from docker_variant.proxy.responses import upstream_error
-from docker_variant.proxy.upstreampool import Answer, UpstreamPool, connection_tokens
+from docker_variant.proxy.upstreampool import Answer, UpstreamPool, connection_tokens, header_tokens
 
 __all__ = [
     "BorrowedTransport",
@@ -72,6 +72,30 @@ _CHECK_BODY_LIMIT = 4 << 20  # a manifest's size limit
 
 
 _FIELD = b": "
+
+
+def forwarded_headers(
+    raw: Sequence[tuple[bytes, bytes]], refused: frozenset[bytes] = frozenset()
+) -> list[tuple[bytes, bytes]] | None:
+    """The request headers that go upstream, in one pass over ``raw`` (names in lower case,
+    as ASGI servers give them): less the hop-by-hop ones, those its ``Connection`` header
+    names (RFC 9110 7.6.1) and ``REQUEST_DROP_RAW``; ``None`` where one of ``refused`` is
+    there."""
+    kept = []
+    connection = []
+    for name, value in raw:
+        if name in refused:
+            return None
+        if name in REQUEST_DROP_RAW:
+            if name == b"connection":
+                connection.append(value)
+            continue
+        kept.append((name, value))
+    if connection:  # most name only keep-alive, dropped already
+        named = header_tokens(connection) - REQUEST_DROP_RAW
+        if named:
+            kept = [(k, v) for k, v in kept if k not in named]
+    return kept
 
 
 @lru_cache(maxsize=64)
@@ -241,12 +265,12 @@ class Upstream:
             text += "?" + query.decode("latin-1")
         return httpx.URL(text)
 
-    def request_headers(self, request: Request) -> list[tuple[bytes, bytes]]:
-        raw = request.scope.get("headers", [])
-        # ASGI servers give header names in lower case
-        tokens = connection_tokens(raw, lowered=True)
-        drop = REQUEST_DROP_RAW | tokens if tokens else REQUEST_DROP_RAW
-        return [(k, v) for k, v in raw if k not in drop]
+    @staticmethod
+    def request_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
+        """``forwarded_headers`` of the request of ``scope``."""
+        headers = forwarded_headers(scope.get("headers", []))
+        assert headers is not None  # none is refused
+        return headers
 
     def response_headers(
         self,
@@ -312,7 +336,7 @@ class Upstream:
     ) -> Response:
         """Send ``request`` to the upstream at ``route`` and stream the answer back."""
         method = method or request.method
-        headers = self.request_headers(request)
+        headers = self.request_headers(request.scope)
         what = f"{method} {route.upstream_path()}"
         if method in ("GET", "HEAD"):
             return await self._forward_raw(request, route, method, headers, extra_headers, what)
@@ -430,11 +454,8 @@ class Upstream:
         goes down as one write of bytes (``handoff.SocketHandoff.send_whole``). ``sent``
         is told the status and the body bytes sent through the event loop, as they go."""
         method: str = scope["method"]
-        raw = scope["headers"]
-        tokens = connection_tokens(raw, lowered=True)  # ASGI: names in lower case
-        drop = REQUEST_DROP_RAW | tokens if tokens else REQUEST_DROP_RAW
         head = self.request_head(
-            method, route, scope.get("query_string", b""), [(k, v) for k, v in raw if k not in drop]
+            method, route, scope.get("query_string", b""), self.request_headers(scope)
         )
         answer = await self._ask_raw(method, route, head)
         if isinstance(answer, Response):

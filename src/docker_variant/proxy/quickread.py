@@ -25,8 +25,8 @@ from docker_variant.proxy.blobrelay import RelayedResponse
 from docker_variant.proxy.handoff import QuickCycle
 from docker_variant.proxy.metrics import RequestLog, Sent
 from docker_variant.proxy.names import Route
-from docker_variant.proxy.passthrough import REQUEST_DROP_RAW, Upstream, response_head
-from docker_variant.proxy.upstreampool import Answer, header_tokens
+from docker_variant.proxy.passthrough import Upstream, forwarded_headers, response_head
+from docker_variant.proxy.upstreampool import Answer
 
 __all__ = ["start_quick_read"]
 
@@ -40,29 +40,6 @@ _REFUSED = frozenset(
 )  # fmt: skip
 
 
-_OPTIONS = frozenset({b"close", b"keep-alive"})  # Connection tokens that name no header
-
-
-def _forwarded_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]] | None:
-    """The request headers that go upstream (names in lower case, from the server's
-    parser), in one pass; None where the request is not for the quick path."""
-    kept = []
-    connection = []
-    for name, value in raw:
-        if name in _REFUSED:
-            return None
-        if name in REQUEST_DROP_RAW:
-            if name == b"connection":
-                connection.append(value)
-            continue
-        kept.append((name, value))
-    if connection:  # most say keep-alive or close, whose headers are dropped already
-        named = header_tokens(connection) - _OPTIONS
-        if named:
-            kept = [(k, v) for k, v in kept if k not in named]
-    return kept
-
-
 def start_quick_read(
     upstream: Upstream, cycle: QuickCycle, route: Route, requests: RequestLog, slow: ASGIApp
 ) -> bool:
@@ -70,7 +47,7 @@ def start_quick_read(
     False (nothing done) where it is not for the quick path. ``slow`` is the app that
     answers it ``pass_read``'s way (after a stale keep-alive)."""
     scope = cycle.scope
-    headers = _forwarded_headers(scope["headers"])
+    headers = forwarded_headers(scope["headers"], _REFUSED)
     if headers is None:
         return False
     method: str = scope["method"]
