@@ -476,13 +476,15 @@ class UpstreamPool:
         loop, connection = self.loop, self._take()
         if loop is None or connection is None or connection.transport is None:
             return False
+        # the head goes first: the answer can only come once this callback has returned,
+        # and the upstream gets to work while the exchange is set up
+        connection.transport.write(head)
         exchange = _Exchange(self, connection, has_body, listener)
         deadline = loop.time() + timeout
         self._waiting[exchange] = deadline
         if self._watchdog is None or deadline < self._watchdog.when():
             self._arm(loop, deadline)
         connection.exchange = exchange
-        connection.transport.write(head)
         return True
 
     def _arm(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
