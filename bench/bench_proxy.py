@@ -7,10 +7,11 @@ Run: .venv/bin/python bench/bench_proxy.py
   with `--blob-relay copy` and `--blob-relay asgi`, so the designs compare in one run, and a
   bare TCP relay (no HTTP): what any relay can reach on this machine
 - manifest GET and HEAD latency, direct vs proxy vs nginx (Debian's nginx-light, a plain
-  `proxy_pass` in front of the same registry), keep-alive, requests taking turns in an order
+  `proxy_pass` in front of the same registry) vs a bare relay on uvloop (no HTTP: what a
+  Python proxy pays before any HTTP work), keep-alive, requests taking turns in an order
   that rotates every turn; the load average is printed with them, and each server's CPU per
-  request (the proxy's, nginx's worker's, the registry's), which a busy machine disturbs
-  far less than the times
+  request (the proxy's, nginx's worker's, the relay's, the registry's), which a busy
+  machine disturbs far less than the times
 - `_variants` warm (cached), cold (`Cache-Control: no-cache`: a scan in the proxy) and the
   client-side scan without a proxy, at 10, 50 and 200 variants (left out with --no-variants)
 - `--tiny`: every part at a size that runs in seconds (CI runs it so that the benchmark keeps
@@ -45,6 +46,7 @@ import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import httpx
 
@@ -222,6 +224,7 @@ def push_variants(base: str, repo: str, count: int) -> None:
 
 
 _LABELS = {"tcp": "bare TCP relay"}
+_PEER_NAMES = {"direct": "registry", "relay": "uvloop-relay"}  # in the CPU line
 
 
 def tcp_relay(listen_port: int, upstream_port: int) -> None:
@@ -248,14 +251,65 @@ def tcp_relay(listen_port: int, upstream_port: int) -> None:
             threading.Thread(target=pump, args=(source, target), daemon=True).start()
 
 
-def start_tcp_relay(upstream: str, root: Path) -> devstack.Service:
+def loop_relay(listen_port: int, upstream_port: int) -> None:
+    """A bare relay on the proxy's event loop (uvloop), no HTTP: per client connection one
+    upstream connection, each read written on as it comes. What a Python proxy on uvloop
+    costs a small request before any HTTP work: the same two reads, two writes and two
+    waits as the proxy's quick reads."""
+    import uvloop
+
+    class Side(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.transport: asyncio.Transport | None = None
+            self.peer: Side | None = None
+            self.pending: list[bytes] = []  # what came before the other side connected
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = cast(asyncio.Transport, transport)
+
+        def data_received(self, data: bytes) -> None:
+            peer = self.peer
+            if peer is not None and peer.transport is not None:
+                peer.transport.write(data)
+            else:
+                self.pending.append(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.peer is not None and self.peer.transport is not None:
+                self.peer.transport.close()
+
+    class Downstream(Side):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)
+            asyncio.get_running_loop().create_task(self.connect())
+
+        async def connect(self) -> None:
+            loop = asyncio.get_running_loop()
+            upstream = Side()
+            upstream.peer = self
+            await loop.create_connection(lambda: upstream, "127.0.0.1", upstream_port)
+            self.peer = upstream
+            assert upstream.transport is not None
+            for data in self.pending:
+                upstream.transport.write(data)
+            self.pending.clear()
+
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_server(Downstream, "127.0.0.1", listen_port)
+        await server.serve_forever()
+
+    uvloop.run(serve())
+
+
+def start_relay(kind: str, upstream: str, root: Path) -> devstack.Service:
+    """The bare ``kind`` relay ("tcp" or "loop") in front of ``upstream``."""
     port = devstack.free_port()
     upstream_port = upstream.rsplit(":", 1)[1]
     process = subprocess.Popen(
-        [sys.executable, __file__, "--tcp-relay", str(port), upstream_port],
+        [sys.executable, __file__, f"--{kind}-relay", str(port), upstream_port],
         start_new_session=True,
     )
-    service = devstack.Service("tcp-relay", process, f"127.0.0.1:{port}", root, root / "none")
+    service = devstack.Service(f"{kind}-relay", process, f"127.0.0.1:{port}", root, root / "none")
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         try:
@@ -264,7 +318,7 @@ def start_tcp_relay(upstream: str, root: Path) -> devstack.Service:
         except httpx.TransportError:
             time.sleep(0.05)
     service.stop()
-    raise RuntimeError("the bare TCP relay did not start")
+    raise RuntimeError(f"the bare {kind} relay did not start")
 
 
 def blob_table(
@@ -341,7 +395,7 @@ def main() -> None:
                 proxies[mode] = devstack.start_proxy(
                     registry.url, stack.root / f"proxy-{mode}", extra=["--blob-relay", mode]
                 )
-            proxies["tcp"] = start_tcp_relay(registry.address, stack.root)
+            proxies["tcp"] = start_relay("tcp", registry.address, stack.root)
             try:
                 blob_table(registry.url, path, proxies, blob_mib, rounds)
             finally:
@@ -351,8 +405,13 @@ def main() -> None:
         accept = {"Accept": OCI_MANIFEST}
         manifest = "/v2/bench/blob/manifests/1"
         nginx = start_nginx(registry.address, stack.root)
-        peers = {"direct": registry.url, "proxy": proxy.url}
-        pids = {"direct": registry.process.pid, "proxy": proxy.process.pid}
+        relay = start_relay("loop", registry.address, stack.root)
+        peers = {"direct": registry.url, "proxy": proxy.url, "relay": relay.url}
+        pids = {
+            "direct": registry.process.pid,
+            "proxy": proxy.process.pid,
+            "relay": relay.process.pid,
+        }
         if nginx is not None:
             peers["nginx"] = nginx.url
             pids["nginx"] = worker_pid(nginx.process.pid)
@@ -383,6 +442,7 @@ def main() -> None:
                     line += (
                         f"   nginx {ms['nginx']:5.2f} ms   ratio nginx/direct {ms['nginx'] / d:.2f}"
                     )
+                line += f"   bare uvloop relay {ms['relay'] / d:.2f}"
                 if method == "GET":
                     line += f"   (aim <= {MANIFEST_AIM}: {verdict(p / d <= MANIFEST_AIM)})"
                 print(line)
@@ -391,8 +451,7 @@ def main() -> None:
                 print(
                     "       CPU per request (us): "
                     + "   ".join(
-                        f"{'registry' if name == 'direct' else name} "
-                        f"{cpu[name] / shares.get(name, 1):.0f}"
+                        f"{_PEER_NAMES.get(name, name)} {cpu[name] / shares.get(name, 1):.0f}"
                         for name in cpu
                     )
                 )
@@ -400,6 +459,7 @@ def main() -> None:
         finally:
             for client in clients.values():
                 client.close()
+            relay.stop()
             if nginx is not None:
                 nginx.stop()
 
@@ -447,5 +507,7 @@ def server_seconds(http: httpx.Client, proxy_url: str) -> tuple[float, float]:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--tcp-relay"]:
         tcp_relay(int(sys.argv[2]), int(sys.argv[3]))
+    elif sys.argv[1:2] == ["--loop-relay"]:
+        loop_relay(int(sys.argv[2]), int(sys.argv[3]))
     else:
         main()

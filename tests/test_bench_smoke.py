@@ -18,7 +18,7 @@ SCRIPTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "bench_publish.py": (("docker-registry",), ("scan/index",)),
     "bench_proxy.py": (
         ("docker-registry", "curl"),
-        ("ratio proxy/direct", "ratio", "load average", "client/warm"),
+        ("ratio proxy/direct", "bare uvloop relay", "load average", "client/warm"),
     ),
     "bench_pull.py": (("docker-registry", "dockerd", "skopeo"), ("ratio", "fixed cost")),
     "bench_scheduler.py": ((), ("ratio",)),
