@@ -295,7 +295,9 @@ def loop_relay(listen_port: int, upstream_port: int) -> None:
             self.pending.clear()
 
     async def serve() -> None:
-        server = await asyncio.get_running_loop().create_server(Downstream, "127.0.0.1", listen_port)
+        server = await asyncio.get_running_loop().create_server(
+            Downstream, "127.0.0.1", listen_port
+        )
         await server.serve_forever()
 
     uvloop.run(serve())

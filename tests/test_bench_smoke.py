@@ -20,6 +20,7 @@ SCRIPTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("docker-registry", "curl"),
         ("ratio proxy/direct", "bare uvloop relay", "load average", "client/warm"),
     ),
+    "bench_quickread.py": ((), ("ratio proxy/relay",)),
     "bench_pull.py": (("docker-registry", "dockerd", "skopeo"), ("ratio", "fixed cost")),
     "bench_scheduler.py": ((), ("ratio",)),
     "bench_inspect.py": ((), ("ratio",)),
