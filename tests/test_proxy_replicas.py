@@ -120,7 +120,7 @@ def test_a_push_straight_to_the_registry_is_seen_through_both(
     for proxy in (replicas.a, replicas.b):
         eventually(
             lambda p=proxy: replicas.variants(p, repo, "1.0") == {"v1", "v3"},
-            5.0,
+            30.0,  # the webhook's delivery (1 s time-out, 1 s backoff) on a loaded machine
             f"the push through {proxy.address}",
         )
 
@@ -245,8 +245,8 @@ def test_invalidations_survive_a_redis_blip(
     own_replicas: Replicas, image_builder: ImageBuilder, outage: str
 ) -> None:
     """Redis away (frozen with SIGSTOP, or killed and started again empty) while a push is
-    notified: A, which heard it, republishes it once Redis is back, B follows within a
-    second, and neither goes back from the new index to the old."""
+    notified: A, which heard it, republishes it once Redis is back, B follows (both probe
+    Redis every 0.1 s), and neither goes back from the new index to the old."""
     replicas, repo = own_replicas, "rep/blip"
     old, new = frozenset({"v1"}), frozenset({"v1", "v2"})
     history = _History(replicas, repo)
@@ -273,7 +273,9 @@ def test_invalidations_survive_a_redis_blip(
             )
     if outage == "restarted":
         eventually(lambda: _wait_listening(replicas.redis.address), 15.0, "redis-server again")
-    eventually(lambda: history.look() == {"a": new, "b": new}, 1.0, "v2 through both")
+    # a deadline for a loaded machine (Redis's restart, both probes, two HTTP answers per
+    # look), not a measured duration: what is asserted is that B gets there and never back
+    eventually(lambda: history.look() == {"a": new, "b": new}, 15.0, "v2 through both")
     for _ in range(20):
         history.look()
     assert history.went_back(old, new) == {}
