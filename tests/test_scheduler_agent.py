@@ -81,7 +81,11 @@ def healthy_machine(name: str = "h100-r570") -> dict[str, Any]:
 
 
 def write_machine(path: Path, machine: dict[str, Any]) -> Path:
-    path.write_text(json.dumps(machine, indent=2))
+    """Written whole, then renamed into place: a running agent's fake NVML reads the file at
+    each beat and must never see it half written."""
+    written = path.with_name(path.name + ".new")
+    written.write_text(json.dumps(machine, indent=2))
+    written.replace(path)
     return path
 
 
