@@ -9,6 +9,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import httpx
 import pytest
@@ -92,13 +93,28 @@ class ScriptedUpstream:
         self._server.close()
 
 
+# The proxy's upstream time-out: one that no answer here meets, even on a loaded machine
+# (a test whose answer came after it would see a 504 instead), and a short one for the tests
+# that wait it out.
+PATIENT_S = 60.0
+WAITED_OUT_S = 2.0
+
+
+class StartUpstream(Protocol):
+    def __call__(
+        self, script: Script, upstream_timeout: float = PATIENT_S
+    ) -> tuple[ScriptedUpstream, ProxyServer]: ...
+
+
 @pytest.fixture
-def upstream_with() -> Iterator[Callable[[Script], tuple[ScriptedUpstream, ProxyServer]]]:
+def upstream_with() -> Iterator[StartUpstream]:
     started: list[tuple[ScriptedUpstream, ProxyServer]] = []
 
-    def start(script: Script) -> tuple[ScriptedUpstream, ProxyServer]:
+    def start(
+        script: Script, upstream_timeout: float = PATIENT_S
+    ) -> tuple[ScriptedUpstream, ProxyServer]:
         upstream = ScriptedUpstream(script)
-        proxy = ProxyServer(upstream.url, upstream_timeout=1.0).start()
+        proxy = ProxyServer(upstream.url, upstream_timeout=upstream_timeout).start()
         started.append((upstream, proxy))
         return upstream, proxy
 
@@ -114,7 +130,7 @@ def _requests(proxy: ProxyServer, route: str, method: str, status: str) -> float
 
 
 def test_reads_go_over_the_kept_connection_with_headers_as_forwarded(
-    upstream_with: Callable[[Script], tuple[ScriptedUpstream, ProxyServer]],
+    upstream_with: StartUpstream,
 ) -> None:
     body = b'{"schemaVersion": 2}'
 
@@ -167,7 +183,7 @@ def _twice(proxy: ProxyServer) -> tuple[httpx.Response, httpx.Response]:
 
 
 def test_a_connection_closed_before_answering_is_asked_again_on_a_new_one(
-    upstream_with: Callable[[Script], tuple[ScriptedUpstream, ProxyServer]],
+    upstream_with: StartUpstream,
 ) -> None:
     upstream, proxy = upstream_with(_on_the_kept_connection(Say(close=True)))
     first, second = _twice(proxy)
@@ -187,12 +203,12 @@ def test_a_connection_closed_before_answering_is_asked_again_on_a_new_one(
     ids=["silent", "garbage", "closed-mid-head"],
 )
 def test_an_upstream_that_gives_no_answer_gets_the_proxy_s_error(
-    upstream_with: Callable[[Script], tuple[ScriptedUpstream, ProxyServer]],
+    upstream_with: StartUpstream,
     say: Say,
     status: int,
     words: str,
 ) -> None:
-    _, proxy = upstream_with(_on_the_kept_connection(say))
+    _, proxy = upstream_with(_on_the_kept_connection(say), WAITED_OUT_S)
     first, second = _twice(proxy)
     assert first.status_code == 200
     assert second.status_code == status
@@ -219,7 +235,7 @@ def test_an_upstream_that_gives_no_answer_gets_the_proxy_s_error(
     ids=["split", "chunked"],
 )
 def test_a_body_that_comes_in_pieces_goes_down_whole(
-    upstream_with: Callable[[Script], tuple[ScriptedUpstream, ProxyServer]],
+    upstream_with: StartUpstream,
     pieces: list[bytes],
 ) -> None:
     between = threading.Event()
@@ -241,7 +257,7 @@ def test_a_body_that_comes_in_pieces_goes_down_whole(
 
 
 def test_a_large_body_is_relayed_and_a_short_one_is_not_silent(
-    upstream_with: Callable[[Script], tuple[ScriptedUpstream, ProxyServer]],
+    upstream_with: StartUpstream,
 ) -> None:
     large = os.urandom(SMALL_BODY * 4)
     counts = {"asked": 0}
@@ -268,7 +284,7 @@ def test_a_large_body_is_relayed_and_a_short_one_is_not_silent(
 
 
 def test_a_caller_gone_before_the_answer_is_logged_aborted_and_the_connection_kept(
-    upstream_with: Callable[[Script], tuple[ScriptedUpstream, ProxyServer]],
+    upstream_with: StartUpstream,
 ) -> None:
     gone = threading.Event()
     upstream, proxy = upstream_with(_on_the_kept_connection(Say([gone, answer(b"{}")])))
@@ -285,7 +301,7 @@ def test_a_caller_gone_before_the_answer_is_logged_aborted_and_the_connection_ke
 
 
 def test_pipelined_requests_are_answered_in_order(
-    upstream_with: Callable[[Script], tuple[ScriptedUpstream, ProxyServer]],
+    upstream_with: StartUpstream,
 ) -> None:
     """Requests sent back to back on one connection: the first is answered from callbacks,
     the ones behind it wait for it (uvicorn's pipeline), and all come back in order."""
@@ -315,7 +331,7 @@ def test_pipelined_requests_are_answered_in_order(
 
 
 def test_a_small_body_slower_than_the_head_deadline_is_not_cut_off(
-    upstream_with: Callable[[Script], tuple[ScriptedUpstream, ProxyServer]],
+    upstream_with: StartUpstream,
 ) -> None:
     """The upstream time-out bounds the wait for an answer's head; the rest of a small body
     that comes after that deadline is still awaited and sent whole (as on the ASGI path)."""
@@ -329,7 +345,7 @@ def test_a_small_body_slower_than_the_head_deadline_is_not_cut_off(
             return Say([b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nhello", between, b" world"])
         return Say([answer(b"{}")])
 
-    upstream, proxy = upstream_with(script)
+    upstream, proxy = upstream_with(script, WAITED_OUT_S)
     got: list[httpx.Response] = []
     try:
         with httpx.Client(timeout=15) as client:
