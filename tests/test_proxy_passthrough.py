@@ -181,7 +181,7 @@ def test_manifest_head_get_and_tags(proxy: ProxyServer, registry: RunningRegistr
 
 @pytest.fixture
 def fake_proxy(fake_upstream: FakeUpstream) -> Iterator[tuple[FakeUpstream, ProxyServer]]:
-    with ProxyServer(fake_upstream.url, upstream_timeout=1.0) as running:
+    with ProxyServer(fake_upstream.url) as running:  # the default upstream time-out (30 s)
         yield fake_upstream, running
 
 
@@ -264,9 +264,9 @@ def test_upstream_down_is_502() -> None:
 
 
 @pytest.mark.parametrize("path", ["/v2/a/manifests/1", "/v2/a/blobs/sha256:" + "e" * 64])
-def test_slow_upstream_is_504(fake_proxy: tuple[FakeUpstream, ProxyServer], path: str) -> None:
-    fake, proxy = fake_proxy
-
+def test_slow_upstream_is_504(fake_upstream: FakeUpstream, path: str) -> None:
+    # a proxy of its own, with a short time-out: the others wait as long as load needs
+    fake, proxy = fake_upstream, ProxyServer(fake_upstream.url, upstream_timeout=1.0).start()
     release, answered = threading.Event(), threading.Event()
 
     def slow(_seen: Seen) -> Reply:
@@ -280,6 +280,7 @@ def test_slow_upstream_is_504(fake_proxy: tuple[FakeUpstream, ProxyServer], path
         assert not answered.is_set()  # the proxy's own deadline (1 s here) answered
     finally:
         release.set()
+        proxy.stop()
     assert answer.status_code == 504
     assert answer.json()["errors"][0]["code"] == "UNAVAILABLE"
     assert "timed out" in answer.json()["errors"][0]["message"]

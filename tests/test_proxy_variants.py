@@ -416,7 +416,7 @@ def _serve_good(fake: FakeUpstream, repo: str = "g/app") -> str:
 
 @pytest.fixture
 def fake_proxy(fake_upstream: FakeUpstream) -> Iterator[tuple[FakeUpstream, ProxyServer]]:
-    with ProxyServer(fake_upstream.url, cache_ttl=3600, upstream_timeout=1.0) as running:
+    with ProxyServer(fake_upstream.url, cache_ttl=3600) as running:  # 30 s upstream time-out
         yield fake_upstream, running
 
 
@@ -465,28 +465,31 @@ def test_per_image_garbage_lands_under_invalid(
     assert invalid["tag"] == "1.0-html" and "text/html" in invalid["error"]
 
 
-def test_slow_upstream_is_504(fake_proxy: tuple[FakeUpstream, ProxyServer]) -> None:
-    fake, proxy = fake_proxy
-    _serve_good(fake)
+def test_slow_upstream_is_504(fake_upstream: FakeUpstream) -> None:
+    # a proxy of its own, with a short time-out (it bounds a whole scan); the other tests'
+    # proxies wait as long as load needs (30 s)
+    fake = fake_upstream
+    with ProxyServer(fake.url, cache_ttl=3600, upstream_timeout=3.0) as proxy:
+        _serve_good(fake)
 
-    release, answered = threading.Event(), threading.Event()
+        release, answered = threading.Event(), threading.Event()
 
-    def slow(_seen: Seen) -> Reply:
-        release.wait(30)  # an upstream that says nothing until the test is done
-        answered.set()
-        return Reply(200, b'{"name": "g/app", "tags": []}')
+        def slow(_seen: Seen) -> Reply:
+            release.wait(30)  # an upstream that says nothing until the test is done
+            answered.set()
+            return Reply(200, b'{"name": "g/app", "tags": []}')
 
-    fake.routes["/v2/g/app/tags/list"] = slow
-    try:
-        answer = httpx.get(f"{proxy.url}/v2/g/app/_variants/1.0", timeout=10)
-        assert not answered.is_set()  # the proxy's own deadline answered
-    finally:
-        release.set()
-    assert answer.status_code == 504
-    error = answer.json()["errors"][0]
-    assert "timed out" in error["message"]
-    _serve_good(fake)
-    assert httpx.get(f"{proxy.url}/v2/g/app/_variants/1.0").status_code == 200
+        fake.routes["/v2/g/app/tags/list"] = slow
+        try:
+            answer = httpx.get(f"{proxy.url}/v2/g/app/_variants/1.0", timeout=10)
+            assert not answered.is_set()  # the proxy's own deadline answered
+        finally:
+            release.set()
+        assert answer.status_code == 504
+        error = answer.json()["errors"][0]
+        assert "timed out" in error["message"]
+        _serve_good(fake)
+        assert httpx.get(f"{proxy.url}/v2/g/app/_variants/1.0").status_code == 200
 
 
 def test_upstream_refusal_after_cache_is_passed_on(
