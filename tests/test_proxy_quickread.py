@@ -293,6 +293,10 @@ def test_a_caller_gone_before_the_answer_is_logged_aborted_and_the_connection_ke
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as caller:
         caller.sendall(f"GET {MANIFEST} HTTP/1.1\r\nHost: {proxy.host}\r\n\r\n".encode())
         eventually(lambda: len(upstream.asked) == 2, 10, "the request went upstream")
+    # the answer is let go once the proxy has seen the caller hang up: an answer that comes
+    # first is written (and counted 200), as to any caller whose hang-up is still on its way
+    connections = proxy.server.server_state.connections
+    eventually(lambda: not connections, 10, "the proxy saw both callers go")
     gone.set()
     eventually(
         lambda: _requests(proxy, "manifest", "GET", "aborted") == 1, 10, "an aborted request"
