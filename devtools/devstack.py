@@ -88,16 +88,46 @@ def _spawn(
 
 
 def _wait(service: Service, ready: Callable[[], bool], timeout: float) -> Service:
+    """``service`` once ``ready()``; on a TCP port only once its own process listens there,
+    so that another process holding the port is not taken for it."""
+    host, _, port = service.address.rpartition(":")
+    tcp_port = int(port) if host and port.isdigit() else None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if service.process.poll() is not None:
             break
         with contextlib.suppress(httpx.TransportError, OSError):
-            if ready():
+            if (tcp_port is None or _listens(service.process.pid, tcp_port)) and ready():
                 return service
         time.sleep(0.05)
     service.stop()
     raise StartError(f"{service.name} did not start: {service.log_tail()}")
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a socket listening on TCP ``port`` (IPv4)."""
+    listening = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()  # sl, local address:port (hex), remote, state (0A: LISTEN) ... inode
+        if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            listening.add(f"socket:[{fields[9]}]")
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) in listening:
+                return True
+    return False
+
+
+def _on_free_port(start: Callable[[int], Service], name: str, attempts: int = 3) -> Service:
+    """``start(port)`` on a free loopback port, again on another where the one probed was
+    taken before the service bound it (another process can take it in between)."""
+    for _attempt in range(attempts):
+        try:
+            return start(free_port())
+        except StartError as error:
+            if "address already in use" not in str(error).lower():
+                raise
+    raise StartError(f"{name}: no free port after {attempts} attempts")
 
 
 def _http_ready(url: str) -> Callable[[], bool]:
@@ -121,8 +151,8 @@ def start_registry(
     if binary is None:
         raise StartError("docker-registry is not installed (Debian package docker-registry)")
     root.mkdir(parents=True, exist_ok=True)
-    for _attempt in range(3):  # the free port may be taken between probe and bind
-        port = free_port()
+
+    def start(port: int) -> Service:
         lines = [
             "version: 0.1",
             "log:",
@@ -155,12 +185,9 @@ def start_registry(
         config.write_text("\n".join(lines) + "\n")
         process, log = _spawn("registry", [binary, "serve", str(config)], root)
         service = Service("docker-registry", process, f"127.0.0.1:{port}", root, log)
-        try:
-            return _wait(service, _http_ready(f"{service.url}/v2/"), timeout)
-        except StartError:
-            if "address already in use" not in service.log_tail():
-                raise
-    raise StartError("docker-registry: no free port after 3 attempts")
+        return _wait(service, _http_ready(f"{service.url}/v2/"), timeout)
+
+    return _on_free_port(start, "docker-registry")
 
 
 def registry_requests(service: Service, method: str = "GET") -> list[str]:
@@ -187,23 +214,26 @@ def start_proxy(
     """``variant-proxy`` in front of ``upstream``, on a free loopback port (or ``port``);
     ``extra`` arguments go to it (``--tls-cert``, ``--upstream-timeout``...)."""
     root.mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "docker_variant.proxy",
-        "--upstream",
-        upstream,
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--cache-ttl",
-        str(cache_ttl),
-        *extra,
-    ]
-    process, log = _spawn("proxy", argv, root)
-    service = Service("variant-proxy", process, f"127.0.0.1:{port}", root, log, scheme)
-    ready = _http_ready(f"{service.url}/healthz") if scheme == "http" else _listening(port)
-    return _wait(service, ready, timeout)
+
+    def start(port: int) -> Service:
+        argv = [
+            sys.executable,
+            "-m",
+            "docker_variant.proxy",
+            "--upstream",
+            upstream,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--cache-ttl",
+            str(cache_ttl),
+            *extra,
+        ]
+        process, log = _spawn("proxy", argv, root)
+        service = Service("variant-proxy", process, f"127.0.0.1:{port}", root, log, scheme)
+        ready = _http_ready(f"{service.url}/healthz") if scheme == "http" else _listening(port)
+        return _wait(service, ready, timeout)
+
+    return start(port) if port else _on_free_port(start, "variant-proxy")
 
 
 def start_redis(root: Path, timeout: float = 15) -> Service:
@@ -212,12 +242,15 @@ def start_redis(root: Path, timeout: float = 15) -> Service:
     if binary is None:
         raise StartError("redis-server is not installed (Debian package redis-server)")
     root.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-            "no", "--dir", str(root)]  # fmt: skip
-    process, log = _spawn("redis", argv, root)
-    service = Service("redis-server", process, f"127.0.0.1:{port}", root, log, "redis")
-    return _wait(service, _listening(port), timeout)
+
+    def start(port: int) -> Service:
+        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", str(root)]  # fmt: skip
+        process, log = _spawn("redis", argv, root)
+        service = Service("redis-server", process, f"127.0.0.1:{port}", root, log, "redis")
+        return _wait(service, _listening(port), timeout)
+
+    return _on_free_port(start, "redis-server")
 
 
 def start_scheduler(
@@ -232,15 +265,18 @@ def start_scheduler(
     """``variant-scheduler serve`` on a free port of ``host`` (SQLite under ``root`` by
     default); ``extra`` arguments go to ``serve`` (``--tokens``, ``--tls-cert``...)."""
     root.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    argv = [
-        sys.executable, "-m", "docker_variant.scheduler", "serve", "--log-level", "warning",
-        "--db", db_url or f"sqlite:///{root / 'scheduler.db'}", "--listen", f"{host}:{port}",
-        *extra,
-    ]  # fmt: skip
-    process, log = _spawn("scheduler", argv, root)
-    service = Service("variant-scheduler", process, f"127.0.0.1:{port}", root, log, scheme)
-    return _wait(service, _listening(port), timeout)
+
+    def start(port: int) -> Service:
+        argv = [
+            sys.executable, "-m", "docker_variant.scheduler", "serve", "--log-level", "warning",
+            "--db", db_url or f"sqlite:///{root / 'scheduler.db'}", "--listen", f"{host}:{port}",
+            *extra,
+        ]  # fmt: skip
+        process, log = _spawn("scheduler", argv, root)
+        service = Service("variant-scheduler", process, f"127.0.0.1:{port}", root, log, scheme)
+        return _wait(service, _listening(port), timeout)
+
+    return _on_free_port(start, "variant-scheduler")
 
 
 def _listening(port: int) -> Callable[[], bool]:
