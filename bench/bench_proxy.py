@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import io
 import json
 import os
@@ -427,10 +428,8 @@ def main() -> None:
             clients = {name: httpx.Client() for name in peers}
             for method in ("GET", "HEAD"):
                 runs: dict[str, Callable[[], object]] = {
-                    name: (
-                        lambda c=clients[name], u=url + manifest, m=method: c.request(
-                            m, u, headers=accept
-                        )
+                    name: functools.partial(
+                        clients[name].request, method, url + manifest, headers=accept
                     )
                     for name, url in peers.items()
                 }
@@ -481,15 +480,14 @@ def main() -> None:
             with httpx.Client() as http:
                 assert len(http.get(url).json()["variants"]) == count
                 before = server_seconds(http, proxy.url)
-                warm = median_ms(lambda u=url: http.get(u), warm_turns)  # type: ignore[misc]
+                warm = median_ms(functools.partial(http.get, url), warm_turns)
                 after = server_seconds(http, proxy.url)
                 server = (after[0] - before[0]) / (after[1] - before[1]) * 1e3
-                cold = median_ms(
-                    lambda u=url: http.get(u, headers={"Cache-Control": "no-cache"}), cold_turns
-                )  # type: ignore[misc]
-            client = client_scan_ms(registry.url, repo, cold_turns)
+                no_cache = {"Cache-Control": "no-cache"}
+                cold = median_ms(functools.partial(http.get, url, headers=no_cache), cold_turns)
+            scan = client_scan_ms(registry.url, repo, cold_turns)
             print(
-                f"  {count:>4} {warm:7.2f} {server:7.2f} {cold:8.1f} {client:8.1f} {client / warm:12.1f}"
+                f"  {count:>4} {warm:7.2f} {server:7.2f} {cold:8.1f} {scan:8.1f} {scan / warm:12.1f}"
             )
 
 

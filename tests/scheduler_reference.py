@@ -46,7 +46,7 @@ class _Unit:
         return [d for d in self.devices if d.free and self.class_of[d.profile] == class_key]
 
 
-def _device_order(device: Device) -> tuple[tuple[int, int | str], ...]:
+def _device_order(device: Device) -> tuple[tuple[int, int, str], ...]:
     return natural_key(device.device_id)
 
 
