@@ -61,6 +61,8 @@ from imaging import OCI_MANIFEST, push_blob, push_manifest, raw_manifest
 BLOB_MIB = 256
 BLOB_AIM = 0.9  # issue 8: blob throughput through the proxy, at least this of direct
 MANIFEST_AIM = 1.15  # issue 20: manifest GET latency through the proxy, at most this x direct
+# busy Python per read (us) of the budget peers: a request has two reads on its path
+BUDGET_US = (25, 50, 100)
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -252,12 +254,15 @@ def tcp_relay(listen_port: int, upstream_port: int) -> None:
             threading.Thread(target=pump, args=(source, target), daemon=True).start()
 
 
-def loop_relay(listen_port: int, upstream_port: int) -> None:
+def loop_relay(listen_port: int, upstream_port: int, work_us: float = 0) -> None:
     """A bare relay on the proxy's event loop (uvloop), no HTTP: per client connection one
     upstream connection, each read written on as it comes. What a Python proxy on uvloop
     costs a small request before any HTTP work: the same two reads, two writes and two
-    waits as the proxy's quick reads."""
+    waits as the proxy's quick reads. With ``work_us``, each read first spends that long
+    running Python (a busy loop): the latency a proxy's own Python per read costs here."""
     import uvloop
+
+    clock, work_s = time.perf_counter, work_us / 1e6
 
     class Side(asyncio.Protocol):
         def __init__(self) -> None:
@@ -269,6 +274,10 @@ def loop_relay(listen_port: int, upstream_port: int) -> None:
             self.transport = cast(asyncio.Transport, transport)
 
         def data_received(self, data: bytes) -> None:
+            if work_s:
+                until = clock() + work_s
+                while clock() < until:
+                    pass
             peer = self.peer
             if peer is not None and peer.transport is not None:
                 peer.transport.write(data)
@@ -304,12 +313,14 @@ def loop_relay(listen_port: int, upstream_port: int) -> None:
     uvloop.run(serve())
 
 
-def start_relay(kind: str, upstream: str, root: Path) -> devstack.Service:
-    """The bare ``kind`` relay ("tcp" or "loop") in front of ``upstream``."""
+def start_relay(kind: str, upstream: str, root: Path, work_us: float = 0) -> devstack.Service:
+    """The bare ``kind`` relay ("tcp" or "loop") in front of ``upstream``; ``work_us``: the
+    loop relay's busy Python per read."""
     port = devstack.free_port()
     upstream_port = upstream.rsplit(":", 1)[1]
+    extra = [str(work_us)] if work_us else []
     process = subprocess.Popen(
-        [sys.executable, __file__, f"--{kind}-relay", str(port), upstream_port],
+        [sys.executable, __file__, f"--{kind}-relay", str(port), upstream_port, *extra],
         start_new_session=True,
     )
     service = devstack.Service(f"{kind}-relay", process, f"127.0.0.1:{port}", root, root / "none")
@@ -409,12 +420,19 @@ def main() -> None:
         manifest = "/v2/bench/blob/manifests/1"
         nginx = start_nginx(registry.address, stack.root)
         relay = start_relay("loop", registry.address, stack.root)
+        # the budget: the bare relay spending some Python per read, to set the proxy against
+        budget = {
+            f"relay+{us}us": start_relay("loop", registry.address, stack.root, us)
+            for us in BUDGET_US
+        }
         peers = {"direct": registry.url, "proxy": proxy.url, "relay": relay.url}
+        peers |= {name: service.url for name, service in budget.items()}
         pids = {
             "direct": registry.process.pid,
             "proxy": proxy.process.pid,
             "relay": relay.process.pid,
         }
+        pids |= {name: service.process.pid for name, service in budget.items()}
         if nginx is not None:
             peers["nginx"] = nginx.url
             pids["nginx"] = worker_pid(nginx.process.pid)
@@ -447,6 +465,10 @@ def main() -> None:
                 if method == "GET":
                     line += f"   (aim <= {MANIFEST_AIM}: {verdict(p / d <= MANIFEST_AIM)})"
                 print(line)
+                print(
+                    "       bare relay + Python per read: "
+                    + "   ".join(f"{us} us {ms[f'relay+{us}us'] / d:.2f}" for us in BUDGET_US)
+                )
                 # the registry serves every run's requests: its figure is per request it served
                 shares = {"direct": len(peers)}
                 print(
@@ -461,6 +483,8 @@ def main() -> None:
             for client in clients.values():
                 client.close()
             relay.stop()
+            for service in budget.values():
+                service.stop()
             if nginx is not None:
                 nginx.stop()
 
@@ -508,6 +532,6 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--tcp-relay"]:
         tcp_relay(int(sys.argv[2]), int(sys.argv[3]))
     elif sys.argv[1:2] == ["--loop-relay"]:
-        loop_relay(int(sys.argv[2]), int(sys.argv[3]))
+        loop_relay(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]) if sys.argv[4:] else 0)
     else:
         main()
