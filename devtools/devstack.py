@@ -105,12 +105,15 @@ def _wait(service: Service, ready: Callable[[], bool], timeout: float) -> Servic
 
 
 def _listens(pid: int, port: int) -> bool:
-    """Whether process ``pid`` holds a socket listening on TCP ``port`` (IPv4)."""
+    """Whether process ``pid`` holds a socket listening on TCP ``port`` (IPv4 or IPv6)."""
     listening = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()  # sl, local address:port (hex), remote, state (0A: LISTEN) ... inode
-        if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-            listening.add(f"socket:[{fields[9]}]")
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                # sl, local address:port (hex), remote, state (0A: LISTEN), ..., inode
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    listening.add(f"socket:[{fields[9]}]")
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         with contextlib.suppress(OSError):
             if os.readlink(fd) in listening:
