@@ -114,10 +114,11 @@ def _listens(pid: int, port: int) -> bool:
                 fields = line.split()
                 if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
                     listening.add(f"socket:[{fields[9]}]")
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            if os.readlink(fd) in listening:
-                return True
+    with contextlib.suppress(OSError):  # gone, or not ours to look at
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd) in listening:
+                    return True
     return False
 
 
