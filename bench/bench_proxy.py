@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "devtools"))
 import devstack
 from docker_variant.oci.client import RegistryClient
 from docker_variant.oci.scan import scan_index
+from docker_variant.proxy.passthrough import REQUEST_DROP_RAW, RESPONSE_DROP_RAW
 from imaging import OCI_MANIFEST, push_blob, push_manifest, raw_manifest
 
 BLOB_MIB = 256
@@ -316,12 +317,6 @@ def loop_relay(listen_port: int, upstream_port: int, work_us: float = 0) -> None
     uvloop.run(serve())
 
 
-_HOP_BY_HOP = frozenset(
-    {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
-     b"trailer", b"transfer-encoding", b"upgrade"}
-)  # fmt: skip
-
-
 class _LeanState:
     """What the lean proxy's connections share: the upstream, the counts, the log lines."""
 
@@ -356,7 +351,7 @@ class _LeanUpstream(asyncio.Protocol):
         status, length, kept = int(head[0][9:12]), 0, [head[0]]
         for line in head[1:]:
             name = line.partition(b":")[0].lower()
-            if name in _HOP_BY_HOP:
+            if name in RESPONSE_DROP_RAW:
                 continue
             if name == b"content-length":
                 length = int(line.partition(b":")[2])
@@ -418,7 +413,7 @@ class _LeanDownstream(asyncio.Protocol):
         out = [b"%s %s HTTP/1.1" % (method, target), state.host]
         for line in head[1:]:
             name = line.partition(b":")[0].lower()
-            if name not in _HOP_BY_HOP and name != b"host":
+            if name not in REQUEST_DROP_RAW:  # hop-by-hop ones, Host, the proxy's own
                 out.append(line)
         upstream = self.upstream
         upstream.method, upstream.path, upstream.started = method, path, time.perf_counter()
@@ -431,8 +426,8 @@ def lean_proxy(listen_port: int, upstream_port: int) -> None:
     """The least Python an HTTP proxy on uvloop runs per request, as a peer (NOT a proxy to
     use: no checks, no errors, no streaming; only keep-alive GETs and HEADs with whole small
     answers): per connection one upstream connection; the request head split into lines,
-    its path matched against the manifest route, hop-by-hop headers and Host replaced,
-    written up; the answer head split, filtered, its length read, written down with the
+    its path matched against the manifest route, the headers the proxy drops dropped and
+    Host replaced, written up; the answer head split, filtered, its length read, written down with the
     body; each request counted by route, method and status, and one JSON access line
     formatted (written in batches to /dev/null)."""
     import uvloop
@@ -561,15 +556,13 @@ def main() -> None:
             for us in BUDGET_US
         }
         budget["lean"] = start_relay("lean", registry.address, stack.root)
-        peers = {"direct": registry.url, "proxy": proxy.url, "relay": relay.url}
-        pids = {
-            "direct": registry.process.pid,
-            "proxy": proxy.process.pid,
-            "relay": relay.process.pid,
+        # each peer's URL and the pid whose CPU it is measured by
+        peers = {
+            name: (service.url, service.process.pid)
+            for name, service in (("direct", registry), ("proxy", proxy), ("relay", relay))
         }
         if nginx is not None:
-            peers["nginx"] = nginx.url
-            pids["nginx"] = worker_pid(nginx.process.pid)
+            peers["nginx"] = (nginx.url, worker_pid(nginx.process.pid))
         print(
             f"manifest latency (httpx, keep-alive, median of {turns}, "
             f"{', '.join(peers)} taking turns in rotated order)"
@@ -578,24 +571,24 @@ def main() -> None:
             print("  nginx is not installed (Debian: apt-get install nginx-light): no peer")
         # In rounds of their own, so that the aim's rounds stay as they were: every peer a
         # round adds leaves each server idle longer between its requests (colder caches).
-        budget_peers = {"direct": registry.url, "proxy": proxy.url}
-        budget_peers |= {name: service.url for name, service in budget.items()}
-        budget_pids = {"direct": registry.process.pid, "proxy": proxy.process.pid}
-        budget_pids |= {name: service.process.pid for name, service in budget.items()}
+        budget_peers = {name: peers[name] for name in ("direct", "proxy")}
+        budget_peers |= {
+            name: (service.url, service.process.pid) for name, service in budget.items()
+        }
         clients = {name: httpx.Client() for name in {**peers, **budget_peers}}
 
         def rounds_of(
-            urls: dict[str, str], server_pids: dict[str, int], method: str
+            servers: dict[str, tuple[str, int]], method: str
         ) -> tuple[dict[str, float], dict[str, float]]:
             runs: dict[str, Callable[[], object]] = {
                 name: functools.partial(
                     clients[name].request, method, url + manifest, headers=accept
                 )
-                for name, url in urls.items()
+                for name, (url, _) in servers.items()
             }
-            ms, cpu = turns_ms(runs, turns, server_pids)
+            ms, cpu = turns_ms(runs, turns, {name: pid for name, (_, pid) in servers.items()})
             # the registry serves every peer's requests: its figure is per request it served
-            cpu["direct"] /= len(urls)
+            cpu["direct"] /= len(servers)
             return ms, cpu
 
         def cpu_line(cpu: dict[str, float]) -> str:
@@ -605,7 +598,7 @@ def main() -> None:
 
         try:
             for method in ("GET", "HEAD"):
-                ms, cpu = rounds_of(peers, pids, method)
+                ms, cpu = rounds_of(peers, method)
                 d, p = ms["direct"], ms["proxy"]
                 line = (
                     f"  {method:4} direct {d:5.2f} ms   proxy {p:5.2f} ms   "
@@ -623,7 +616,7 @@ def main() -> None:
             print(
                 f"what Python per read costs (GET, its own rounds, median of {turns}): over direct"
             )
-            ms, cpu = rounds_of(budget_peers, budget_pids, "GET")
+            ms, cpu = rounds_of(budget_peers, "GET")
             d = ms["direct"]
             print(
                 "       bare relay + busy Python per read: "

@@ -39,6 +39,8 @@ from docker_variant.proxy.responses import upstream_error
 from docker_variant.proxy.upstreampool import Answer, UpstreamPool, connection_tokens, header_tokens
 
 __all__ = [
+    "REQUEST_DROP_RAW",
+    "RESPONSE_DROP_RAW",
     "BorrowedTransport",
     "StreamedResponse",
     "Upstream",
@@ -65,8 +67,10 @@ _HOP_BY_HOP = frozenset(
 # Not forwarded upstream: the proxy's own header, Host (httpx sets the upstream's) and
 # Expect (the server here already answered "100 Continue" when the body was read).
 _REQUEST_DROP = frozenset({"host", "x-variant-properties", "expect"})
+# the header names (lower case, as bytes) dropped from a request on its way up, and from an
+# answer on its way down (besides those its Connection header names)
 REQUEST_DROP_RAW = frozenset(n.encode() for n in _HOP_BY_HOP | _REQUEST_DROP)
-_RESPONSE_DROP_RAW = frozenset(n.encode() for n in _HOP_BY_HOP)
+RESPONSE_DROP_RAW = frozenset(n.encode() for n in _HOP_BY_HOP)
 _REWRITTEN = frozenset({b"location", b"content-location", b"link"})
 _CHECK_BODY_LIMIT = 4 << 20  # a manifest's size limit
 
@@ -288,7 +292,7 @@ class Upstream:
         done when a URL is to be rewritten)."""
         if tokens is None:
             tokens = connection_tokens(raw, lowered)
-        drop = _RESPONSE_DROP_RAW | tokens if tokens else _RESPONSE_DROP_RAW
+        drop = RESPONSE_DROP_RAW | tokens if tokens else RESPONSE_DROP_RAW
         out: list[tuple[bytes, bytes]] = []
         dated = False
         for key, value in raw:
