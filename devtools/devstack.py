@@ -26,6 +26,7 @@ __all__ = [
     "Service",
     "StartError",
     "free_port",
+    "listens",
     "local_stack",
     "registry_requests",
     "start_containerd",
@@ -97,14 +98,14 @@ def _wait(service: Service, ready: Callable[[], bool], timeout: float) -> Servic
         if service.process.poll() is not None:
             break
         with contextlib.suppress(httpx.TransportError, OSError):
-            if (tcp_port is None or _listens(service.process.pid, tcp_port)) and ready():
+            if (tcp_port is None or listens(service.process.pid, tcp_port)) and ready():
                 return service
         time.sleep(0.05)
     service.stop()
     raise StartError(f"{service.name} did not start: {service.log_tail()}")
 
 
-def _listens(pid: int, port: int) -> bool:
+def listens(pid: int, port: int) -> bool:
     """Whether process ``pid`` holds a socket listening on TCP ``port`` (IPv4 or IPv6)."""
     listening = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):

@@ -18,7 +18,13 @@ SCRIPTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "bench_publish.py": (("docker-registry",), ("scan/index",)),
     "bench_proxy.py": (
         ("docker-registry", "curl"),
-        ("ratio proxy/direct", "bare uvloop relay", "load average", "client/warm"),
+        (
+            "ratio proxy/direct",
+            "bare uvloop relay",
+            "lean Python proxy",
+            "load average",
+            "client/warm",
+        ),
     ),
     "bench_quickread.py": ((), ("ratio proxy/relay",)),
     "bench_pull.py": (("docker-registry", "dockerd", "skopeo"), ("ratio", "fixed cost")),

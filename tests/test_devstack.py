@@ -41,8 +41,8 @@ def test_a_taken_port_is_not_taken_for_the_service(
     try:
         port = int(service.address.rsplit(":", 1)[1])
         assert port != held_port
-        assert devstack._listens(service.process.pid, port)
-        assert not devstack._listens(service.process.pid, held_port)
+        assert devstack.listens(service.process.pid, port)
+        assert not devstack.listens(service.process.pid, held_port)
     finally:
         service.stop()
 
@@ -53,6 +53,6 @@ def test_listens_tells_the_owner_of_a_listener() -> None:
         six.listen()
         four.bind(("127.0.0.1", 0))
         four.listen()
-        assert devstack._listens(os.getpid(), six.getsockname()[1])
-        assert devstack._listens(os.getpid(), four.getsockname()[1])
-        assert not devstack._listens(1, four.getsockname()[1])  # init holds no such socket
+        assert devstack.listens(os.getpid(), six.getsockname()[1])
+        assert devstack.listens(os.getpid(), four.getsockname()[1])
+        assert not devstack.listens(1, four.getsockname()[1])  # init holds no such socket

@@ -3,7 +3,6 @@ metrics and logs."""
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import logging
@@ -16,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import devstack
 from docker_variant.errors import InvalidInputError
 from docker_variant.proxy.app import check_upstream_url
 from docker_variant.proxy.names import PathError, Route, RouteKind, parse_v2_path
@@ -195,10 +195,9 @@ def test_cli_serves_and_logs_json(fake_upstream: FakeUpstream, tmp_path: Path) -
         stderr=log,
     )
 
-    def listening() -> bool:  # a bare connection: no request, so no access line
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-            return True
-        return process.poll() is not None  # exited: the request below says how
+    def listening() -> bool:  # its own listener, found without a request: no access line
+        # exited: the request below says how
+        return devstack.listens(process.pid, port) or process.poll() is not None
 
     try:
         # one request, given all the time load needs: one timed out and asked again would
