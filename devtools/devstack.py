@@ -88,9 +88,10 @@ def _spawn(
     return process, log
 
 
-def _wait(service: Service, ready: Callable[[], bool], timeout: float) -> Service:
+def _wait(service: Service, ready: Callable[[], bool] | None, timeout: float) -> Service:
     """``service`` once ``ready()``; on a TCP port only once its own process listens there,
-    so that another process holding the port is not taken for it."""
+    so that another process holding the port is not taken for it (``ready`` None: that is
+    all; TLS and tokens make HTTP probes awkward)."""
     host, _, port = service.address.rpartition(":")
     tcp_port = int(port) if host and port.isdigit() else None
     deadline = time.monotonic() + timeout
@@ -98,7 +99,8 @@ def _wait(service: Service, ready: Callable[[], bool], timeout: float) -> Servic
         if service.process.poll() is not None:
             break
         with contextlib.suppress(httpx.TransportError, OSError):
-            if (tcp_port is None or listens(service.process.pid, tcp_port)) and ready():
+            listening = tcp_port is None or listens(service.process.pid, tcp_port)
+            if listening and (ready is None or ready()):
                 return service
         time.sleep(0.05)
     service.stop()
@@ -235,7 +237,7 @@ def start_proxy(
         ]
         process, log = _spawn("proxy", argv, root)
         service = Service("variant-proxy", process, f"127.0.0.1:{port}", root, log, scheme)
-        ready = _http_ready(f"{service.url}/healthz") if scheme == "http" else _listening(port)
+        ready = _http_ready(f"{service.url}/healthz") if scheme == "http" else None
         return _wait(service, ready, timeout)
 
     return start(port) if port else _on_free_port(start, "variant-proxy")
@@ -253,7 +255,7 @@ def start_redis(root: Path, timeout: float = 15) -> Service:
                 "--appendonly", "no", "--dir", str(root)]  # fmt: skip
         process, log = _spawn("redis", argv, root)
         service = Service("redis-server", process, f"127.0.0.1:{port}", root, log, "redis")
-        return _wait(service, _listening(port), timeout)
+        return _wait(service, None, timeout)
 
     return _on_free_port(start, "redis-server")
 
@@ -279,19 +281,9 @@ def start_scheduler(
         ]  # fmt: skip
         process, log = _spawn("scheduler", argv, root)
         service = Service("variant-scheduler", process, f"127.0.0.1:{port}", root, log, scheme)
-        return _wait(service, _listening(port), timeout)
+        return _wait(service, None, timeout)
 
     return _on_free_port(start, "variant-scheduler")
-
-
-def _listening(port: int) -> Callable[[], bool]:
-    """Ready when the port accepts connections (TLS and tokens make HTTP probes awkward)."""
-
-    def ready() -> bool:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-
-    return ready
 
 
 def start_dockerd(root: Path, timeout: float = 60) -> Service:
