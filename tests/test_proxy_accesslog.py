@@ -43,7 +43,7 @@ def test_lines_are_written_whole_in_order_in_batches() -> None:
     stream = io.StringIO()
     lines = AccessLines(stream, batch=3)
     for n in range(7):
-        lines.add(access_line("GET", "blob", f"/{n}", 200, 1.0, n))
+        lines.add("GET", "blob", f"/{n}", 200, 1.0, n)
     assert len(stream.getvalue().splitlines()) == 7  # no loop here: each line at once
     stream.truncate(0)
     stream.seek(0)
@@ -51,7 +51,7 @@ def test_lines_are_written_whole_in_order_in_batches() -> None:
     async def burst() -> list[int]:
         seen = []
         for n in range(7):
-            lines.add(access_line("GET", "blob", f"/{n}", 200, 1.0, n))
+            lines.add("GET", "blob", f"/{n}", 200, 1.0, n)
             seen.append(len(stream.getvalue().splitlines()))
         lines.flush()
         return seen

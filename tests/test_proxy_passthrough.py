@@ -410,6 +410,37 @@ def test_small_answers_go_down_whole_on_a_kept_alive_connection(
     assert all("connection" not in r.headers for r in seen)  # the caller's is not sent on
 
 
+def test_heads_in_pieces_or_not_plain_are_read_by_the_parser_alike(
+    fake_proxy: tuple[FakeUpstream, ProxyServer],
+) -> None:
+    """The plainest request heads are split without the parser (proxy/heads.py); one in
+    two segments, one with a header that Connection names, and one with a bare LF take the
+    parser's way: the same answers, and the malformed one a 400 and a closed connection."""
+    fake, proxy = fake_proxy
+    body = b'{"schemaVersion": 2}'
+    path = "/v2/a/manifests/1"
+    fake.routes[path] = Reply(200, body)
+    request = f"GET {path} HTTP/1.1\r\nHost: {proxy.host}\r\nX-Seen: 1\r\n\r\n".encode()
+    pending = bytearray()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(request)  # split
+        assert _read_answer(sock, pending, head_only=False)[1] == body
+        sock.sendall(request[:20])  # the parser's: in two segments (where they stay two)
+        sock.sendall(request[20:])
+        assert _read_answer(sock, pending, head_only=False)[1] == body
+        named = request.replace(b"X-Seen: 1", b"Connection: keep-alive, X-Seen\r\nX-Seen: 1")
+        sock.sendall(named)  # the parser's: a Connection header naming another
+        assert _read_answer(sock, pending, head_only=False)[1] == body
+        sock.sendall(request.replace(b"X-Seen: 1\r\n", b"X-Seen: 1\n"))
+        head, _ = _read_answer(sock, pending, head_only=False)
+        assert head.startswith(b"HTTP/1.1 400 ")
+        assert sock.recv(1) == b""
+    seen = [r for r in fake.requests if r.path == path]
+    assert len(seen) == 3
+    assert [r.headers.get("x-seen") for r in seen] == ["1", "1", None]
+
+
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [

@@ -32,7 +32,10 @@ Quick reads: an app with a ``quick_reads`` attribute (a ``QuickReads``) is offer
 plain-HTTP GET and HEAD as its head is parsed, before uvicorn builds a request cycle and an
 ASGI task for it. One it takes is answered from callbacks through a ``QuickCycle``
 (``send_whole``), or handed back to ASGI at any point before its answer started
-(``continue_with``); one it leaves goes the usual way.
+(``continue_with``); one it leaves goes the usual way. A request head that came whole in
+one read, as plain as ``heads.split_request`` takes, is offered without uvicorn's parser
+(its callbacks were a large part of a manifest GET's time), with the scope uvicorn would
+build; any other is parsed by uvicorn first.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from typing import Any, Protocol, cast
 import httptools
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from docker_variant.proxy.heads import split_request
 
 __all__ = [
     "EXTENSION",
@@ -66,6 +71,8 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
         "limit_concurrency", "expect_100_continue", "logger", "access_logger", "access_log",
         "server_state", "_start_asgi_task", "timeout_keep_alive", "timeout_keep_alive_task",
         "timeout_keep_alive_handler", "_unset_keepalive_if_required", "connection_lost",
+        "data_received", "on_message_begin", "on_message_complete", "asgi_version",
+        "server", "client", "app_state",
     ),
     "RequestResponseCycle": (
         "scope", "transport", "response_started", "response_complete", "disconnected",
@@ -291,8 +298,74 @@ class HandoffHttpToolsProtocol(HttpToolsProtocol):
             quick if quick is not None and self.limit_concurrency is None else None
         )
 
+    # The parser is between messages: no part of a request has been fed to it unanswered.
+    _between = True
+    _declined = False  # the request now fed to the parser was offered to quick_reads already
+
+    def data_received(self, data: bytes) -> None:
+        if self.quick_reads is not None and self._between and self._take_split(data):
+            return
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        self._between = False
+        super().on_message_begin()
+
+    def on_message_complete(self) -> None:
+        self._between = True
+        super().on_message_complete()
+
+    def _take_split(self, data: bytes) -> bool:
+        """Offers a request to ``quick_reads`` without the parser: one that came whole in
+        ``data`` and is as plain as ``heads.split_request`` takes, on a connection with
+        nothing else in flight; its scope is the one uvicorn would build. False: ``data``
+        goes to the parser (and the request, if declined, is not offered again)."""
+        cycle = self.cycle
+        if self.scheme != "http" or self.pipeline or (cycle and not cycle.response_complete):
+            return False
+        split = split_request(data)
+        if split is None:
+            return False
+        method, target, headers = split
+        raw_path, _, query = target.partition(b"?")
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        root = self.root_path
+        scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": "http",
+            "root_path": root,
+            "headers": headers,
+            "state": self.app_state.copy(),
+            "method": method,
+            "path": root + path,
+            "raw_path": root.encode("ascii") + raw_path if root else raw_path,
+            "query_string": query,
+        }
+        self._idle_since = None  # busy, as uvicorn's data_received marks it
+        quick = QuickCycle(self, scope, True)
+        quick.more_body = False  # the whole request is here
+        self.cycle = cast(RequestResponseCycle, quick)
+        assert self.quick_reads is not None
+        if self.quick_reads.start(quick):
+            return True
+        self.cycle = cycle
+        self._declined = True
+        return False
+
     def on_headers_complete(self) -> None:
-        if self.quick_reads is not None and self.scheme == "http" and self._start_quick():
+        declined, self._declined = self._declined, False
+        if (
+            self.quick_reads is not None
+            and not declined
+            and self.scheme == "http"
+            and self._start_quick()
+        ):
             return
         super().on_headers_complete()
         cycle = self.cycle

@@ -340,10 +340,10 @@ class Upstream:
     ) -> Response:
         """Send ``request`` to the upstream at ``route`` and stream the answer back."""
         method = method or request.method
-        headers = self.request_headers(request.scope)
         what = f"{method} {route.upstream_path()}"
         if method in ("GET", "HEAD"):
-            return await self._forward_raw(request, route, method, headers, extra_headers, what)
+            return await self._forward_raw(request, route, method, extra_headers, what)
+        headers = self.request_headers(request.scope)
         has_body = (
             request.headers.get("content-length", "0") not in ("", "0")
             or "chunked" in request.headers.get("transfer-encoding", "").lower()
@@ -388,18 +388,36 @@ class Upstream:
         method: str,
         route: Route,
         query: bytes,
-        headers: list[tuple[bytes, bytes]],
-    ) -> bytes:
+        raw: Sequence[tuple[bytes, bytes]],
+        refused: frozenset[bytes] = frozenset(),
+    ) -> bytes | None:
+        """The head of a body-less request to ``route``, with the request headers ``raw``
+        (ASGI's, names in lower case) less those ``forwarded_headers`` drops, our
+        ``User-Agent`` where there is none; ``None`` where one of ``refused`` is there.
+        (``forwarded_headers``' rule, in the loop that writes the lines: this is every
+        GET's path.)"""
         target = self.prefix + route.upstream_path()
         if query:
             target += "?" + query.decode("latin-1")
         lines = [f"{method} {target} HTTP/1.1".encode(), self._host_header]
-        for name, _ in headers:
-            if name == b"user-agent":  # names from ASGI: lower case
-                break
-        else:
+        agent = named = False
+        for name, value in raw:
+            if name in refused:
+                return None
+            if name in REQUEST_DROP_RAW:
+                named = named or (name == b"connection" and value.lower() != b"keep-alive")
+                continue
+            if name == b"user-agent":
+                agent = True
+            lines.append(name + _FIELD + value)
+        if named:  # rare: a Connection header naming others
+            headers = forwarded_headers(raw, refused)
+            if headers is None:
+                return None
+            lines[2:] = map(_FIELD.join, headers)
+            agent = any(name == b"user-agent" for name, _ in headers)
+        if not agent:
             lines.append(self._user_agent)
-        lines += map(_FIELD.join, headers)
         lines.append(b"\r\n")
         return b"\r\n".join(lines)
 
@@ -433,11 +451,12 @@ class Upstream:
         request: Request,
         route: Route,
         method: str,
-        headers: list[tuple[bytes, bytes]],
         extra_headers: Mapping[str, str] | None,
         what: str,
     ) -> Response:
-        head = self.request_head(method, route, request.scope.get("query_string", b""), headers)
+        scope = request.scope
+        head = self.request_head(method, route, scope.get("query_string", b""), scope["headers"])
+        assert head is not None  # none is refused
         answer = await self._ask_raw(method, route, head)
         if isinstance(answer, Response):
             return answer
@@ -458,9 +477,8 @@ class Upstream:
         goes down as one write of bytes (``handoff.SocketHandoff.send_whole``). ``sent``
         is told the status and the body bytes sent through the event loop, as they go."""
         method: str = scope["method"]
-        head = self.request_head(
-            method, route, scope.get("query_string", b""), self.request_headers(scope)
-        )
+        head = self.request_head(method, route, scope.get("query_string", b""), scope["headers"])
+        assert head is not None  # none is refused
         answer = await self._ask_raw(method, route, head)
         if isinstance(answer, Response):
             await answer(scope, receive, sent.counting(send))

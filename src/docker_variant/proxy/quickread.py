@@ -25,7 +25,7 @@ from docker_variant.proxy.blobrelay import RelayedResponse
 from docker_variant.proxy.handoff import QuickCycle
 from docker_variant.proxy.metrics import RequestLog, Sent
 from docker_variant.proxy.names import Route
-from docker_variant.proxy.passthrough import Upstream, forwarded_headers, response_head
+from docker_variant.proxy.passthrough import Upstream, response_head
 from docker_variant.proxy.upstreampool import Answer
 
 __all__ = ["start_quick_read"]
@@ -47,11 +47,10 @@ def start_quick_read(
     False (nothing done) where it is not for the quick path. ``slow`` is the app that
     answers it ``pass_read``'s way (after a stale keep-alive)."""
     scope = cycle.scope
-    headers = forwarded_headers(scope["headers"], _REFUSED)
-    if headers is None:
-        return False
     method: str = scope["method"]
-    head = upstream.request_head(method, route, scope["query_string"], headers)
+    head = upstream.request_head(method, route, scope["query_string"], scope["headers"], _REFUSED)
+    if head is None:
+        return False
     read = _QuickRead(upstream, cycle, route, requests, slow)
     return upstream.raw.send_nowait(
         head, has_body=method != "HEAD", timeout=upstream.timeout, listener=read
@@ -87,18 +86,35 @@ class _QuickRead:
             body = answer.complete()
         except Exception:
             answer.close()
-            _log.exception("quick read of %s failed", self.route.upstream_path())
-            cycle.continue_with(self._answer_with(None))
+            self._failed()
             return
         if body is None:
             what = f"{cycle.scope['method']} {self.route.upstream_path()}"
             relayed = RelayedResponse(answer, headers, what, self.upstream.blob_relay)
             cycle.continue_with(self._answer_with(relayed))
             return
-        sent = Sent()
-        if cycle.send_whole(response_head(answer.status, headers), body):
-            sent.status, sent.bytes = answer.status, len(body)
-        self.requests.record(cycle.scope, self.route.kind, sent, self.started)
+        self._send(answer.status, headers, body)
+
+    def on_whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        try:
+            headers = self.upstream.response_headers(headers, self.cycle.scope, lowered=True)
+        except Exception:
+            self._failed()
+            return
+        self._send(status, headers, body)
+
+    def _send(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        cycle = self.cycle
+        if not cycle.send_whole(response_head(status, headers), body):
+            status, body = 0, b""  # the caller was gone
+        scope = cycle.scope
+        self.requests.count(
+            scope["method"], self.route.kind, scope["path"], status, len(body), self.started
+        )
+
+    def _failed(self) -> None:
+        _log.exception("quick read of %s failed", self.route.upstream_path())
+        self.cycle.continue_with(self._answer_with(None))
 
     def on_failure(self, error: BaseException | None) -> None:
         if error is None:  # a stale keep-alive: asked again, on a fresh connection

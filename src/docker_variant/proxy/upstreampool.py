@@ -12,7 +12,8 @@ thread (``blobrelay``), after which the connection is closed rather than reused.
 
 ``UpstreamPool.send_nowait`` is the same exchange driven by the connection's callbacks, with
 no task or future: the answer's head, and a small body whole, are parsed as they arrive and
-handed to an ``AnswerListener`` (``quickread``'s path for manifests).
+handed to an ``AnswerListener`` (``quickread``'s path for manifests); the plainest answer,
+whole in its first segment, is split by ``heads.split_answer`` without a parser.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import Protocol, cast
 
 import httptools
 
+from docker_variant.proxy.heads import split_answer
+
 __all__ = ["Answer", "AnswerListener", "UpstreamPool", "connection_tokens", "header_tokens"]
 
 _HIGH_WATER = 1 << 20  # buffered upstream bytes at which reading pauses (back-pressure)
@@ -38,6 +41,10 @@ class AnswerListener(Protocol):
 
     def on_answer(self, answer: Answer) -> None:
         """The answer's head came, with the whole body where it is small (``complete()``)."""
+
+    def on_whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """The plainest answer came whole in one segment (``heads.split_answer``), and
+        its connection is back in the pool: no parser or ``Answer`` is made for it."""
 
     def on_failure(self, error: BaseException | None) -> None:
         """No answer: ``TimeoutError``, ``OSError`` or ``httptools.HttpParserError``; or
@@ -331,14 +338,24 @@ class _Exchange:
         self.has_body = has_body
         self.listener = listener
         self.head = _Head()
-        self.parser = httptools.HttpResponseParser(self.head)
+        self.parser: httptools.HttpResponseParser | None = None  # made if split_answer fails
         self.received = False
 
     def feed(self, data: bytes) -> None:
         head = self.head
-        self.received = True
+        parser = self.parser
+        if parser is None:
+            if not self.received:
+                self.received = True
+                whole = split_answer(data, self.has_body)
+                if whole is not None:  # the plainest answer: no parser, no Answer
+                    self._end()
+                    self.pool.release(self.connection, True)
+                    self.listener.on_whole(*whole)
+                    return
+            parser = self.parser = httptools.HttpResponseParser(head)
         try:
-            self.parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(exc)
             return
@@ -353,6 +370,7 @@ class _Exchange:
         """A small framed body is awaited whole; a large, chunked or unframed one goes on
         the ``Answer``'s own way."""
         head = self.head
+        assert self.parser is not None
         if not self.has_body or head.chunked or head.content_length is None:
             return False
         status = self.parser.get_status_code()
@@ -362,6 +380,7 @@ class _Exchange:
 
     def _answer(self) -> None:
         self._end()
+        assert self.parser is not None
         self.listener.on_answer(
             Answer(self.pool, self.connection, self.parser, self.head, self.has_body)
         )
