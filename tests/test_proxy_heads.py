@@ -89,18 +89,22 @@ def _agrees_on_request(data: bytes) -> bool:
     return True
 
 
+_NOTABLE = frozenset({b"etag", b"location"})
+
+
 def _agrees_on_answer(data: bytes, has_body: bool) -> bool:
-    split = split_answer(data, has_body)
+    split = split_answer(data, has_body, _NOTABLE)
     if split is None:
         return False
     seen = _Answer()
     parser = httptools.HttpResponseParser(seen)
     parser.feed_data(data)
-    status, fields, body = split
+    status, fields, body, plain = split
     assert seen.headers_done and seen.begun == 1, data
     assert parser.get_status_code() == status and parser.get_http_version() == "1.1", data
     assert fields == seen.headers, data
     names = [name for name, _ in fields]
+    assert plain == (b"date" in names and not _NOTABLE & set(names)), data
     assert b"transfer-encoding" not in names and b"connection" not in names, data
     if has_body and status not in (204, 304):
         assert seen.messages == 1 and body == seen.body, data  # framed as the parser frames it
@@ -155,6 +159,11 @@ def test_a_head_over_the_limit_is_left_to_the_parser() -> None:
 
 def test_a_plain_answer_is_split_as_httptools_reads_it() -> None:
     assert _agrees_on_answer(ANSWER, True)
+    dated = ANSWER.replace(b"X-Empty:", b"Date: Fri, 04 Dec 2026 14:00:00 GMT\r\nX-Empty:")
+    plain = split_answer(dated, True, frozenset({b"location"}))
+    assert plain is not None and plain[3]
+    with_etag = split_answer(dated, True, _NOTABLE)
+    assert with_etag is not None and not with_etag[3]
     assert split_answer(ANSWER, True) == (
         200,
         [
@@ -165,6 +174,7 @@ def test_a_plain_answer_is_split_as_httptools_reads_it() -> None:
             (b"x-empty", b""),
         ],
         BODY,
+        False,  # no Date
     )
     head = ANSWER[: -len(BODY)]
     assert _agrees_on_answer(head, False)  # the answer to a HEAD

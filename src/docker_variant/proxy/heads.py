@@ -60,17 +60,21 @@ def split_request(data: bytes) -> tuple[str, bytes, list[tuple[bytes, bytes]]] |
 
 
 def split_answer(
-    data: bytes, has_body: bool
-) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+    data: bytes, has_body: bool, notable: frozenset[bytes] = frozenset()
+) -> tuple[int, list[tuple[bytes, bytes]], bytes, bool] | None:
     """``data`` as one whole answer (to a GET where ``has_body``, else to a HEAD) and
     nothing more, framed by one ``Content-Length``, without ``Connection`` or
-    ``Transfer-Encoding``: its status, header fields (as ``split_request``'s) and body;
+    ``Transfer-Encoding``: its status, header fields (as ``split_request``'s), body, and
+    whether it is as plain as can be: a ``Date``, and none of the ``notable`` names (those
+    the caller would drop or rewrite: then it need not look at the fields again);
     ``None`` where it is anything else (a short body or bytes past it included)."""
     match = _ANSWER.match(data)
     if match is None or match.end() > HEAD_LIMIT:
         return None
     status = int(match[1])
     length = -1
+    dated = False
+    plain = True
     fields = []
     for line in match[2].split(b"\r\n")[:-1]:
         name, _, value = line.partition(b":")
@@ -80,6 +84,10 @@ def split_answer(
             if name != b"content-length" or length >= 0 or not value.isdigit():
                 return None
             length = int(value)
+        elif name == b"date":
+            dated = True
+        elif name in notable:
+            plain = False
         fields.append((name, value))
     body = data[match.end() :]
     if not has_body or status == 204 or status == 304:
@@ -87,4 +95,4 @@ def split_answer(
             return None
     elif len(body) != length:
         return None
-    return status, fields, body
+    return status, fields, body, plain and dated

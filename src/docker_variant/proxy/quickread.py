@@ -34,6 +34,7 @@ _log = logging.getLogger("docker_variant.proxy")
 
 # Request headers that send a request the ASGI way: a body, transparent resolution, a
 # scheme that uvicorn's proxy-headers middleware would rewrite, an expectation.
+_NO_TOKENS: frozenset[bytes] = frozenset()  # a split answer has no Connection header
 _REFUSED = frozenset(
     {b"content-length", b"transfer-encoding", b"x-variant-properties", b"x-forwarded-proto",
      b"expect"}
@@ -95,12 +96,17 @@ class _QuickRead:
             return
         self._send(answer.status, headers, body)
 
-    def on_whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        try:
-            headers = self.upstream.response_headers(headers, self.cycle.scope, lowered=True)
-        except Exception:
-            self._failed()
-            return
+    def on_whole(
+        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, plain: bool
+    ) -> None:
+        if not plain:  # some to drop or rewrite, or no Date
+            try:
+                headers = self.upstream.response_headers(
+                    headers, self.cycle.scope, lowered=True, tokens=_NO_TOKENS
+                )
+            except Exception:
+                self._failed()
+                return
         self._send(status, headers, body)
 
     def _send(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:

@@ -42,9 +42,12 @@ class AnswerListener(Protocol):
     def on_answer(self, answer: Answer) -> None:
         """The answer's head came, with the whole body where it is small (``complete()``)."""
 
-    def on_whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        """The plainest answer came whole in one segment (``heads.split_answer``), and
-        its connection is back in the pool: no parser or ``Answer`` is made for it."""
+    def on_whole(
+        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, plain: bool
+    ) -> None:
+        """The plainest answer came whole in one segment (``heads.split_answer``, with the
+        pool's ``notable`` names), and its connection is back in the pool: no parser or
+        ``Answer`` is made for it."""
 
     def on_failure(self, error: BaseException | None) -> None:
         """No answer: ``TimeoutError``, ``OSError`` or ``httptools.HttpParserError``; or
@@ -347,7 +350,7 @@ class _Exchange:
         if parser is None:
             if not self.received:
                 self.received = True
-                whole = split_answer(data, self.has_body)
+                whole = split_answer(data, self.has_body, self.pool.notable)
                 if whole is not None:  # the plainest answer: no parser, no Answer
                     self._end()
                     self.pool.release(self.connection, True)
@@ -420,8 +423,10 @@ class UpstreamPool:
         tls: ssl.SSLContext | None,
         connect_timeout: float,
         max_idle: int = 64,
+        notable: frozenset[bytes] = frozenset(),
     ) -> None:
         self.host = host
+        self.notable = notable  # header names that make an answer less than plain (on_whole)
         self.port = port
         self.tls = tls
         self.connect_timeout = connect_timeout
