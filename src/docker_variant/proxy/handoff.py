@@ -328,10 +328,6 @@ class HandoffHttpToolsProtocol(HttpToolsProtocol):
             return False
         method, target, headers = split
         raw_path, _, query = target.partition(b"?")
-        path = raw_path.decode("ascii")
-        if "%" in path:
-            path = urllib.parse.unquote(path)
-        root = self.root_path
         scope: dict[str, Any] = {
             "type": "http",
             "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
@@ -339,22 +335,14 @@ class HandoffHttpToolsProtocol(HttpToolsProtocol):
             "server": self.server,
             "client": self.client,
             "scheme": "http",
-            "root_path": root,
+            "root_path": self.root_path,
             "headers": headers,
             "state": self.app_state.copy(),
             "method": method,
-            "path": root + path,
-            "raw_path": root.encode("ascii") + raw_path if root else raw_path,
-            "query_string": query,
         }
         self._idle_since = None  # busy, as uvicorn's data_received marks it
-        quick = QuickCycle(self, scope, True)
-        quick.more_body = False  # the whole request is here
-        self.cycle = cast(RequestResponseCycle, quick)
-        assert self.quick_reads is not None
-        if self.quick_reads.start(quick):
+        if self._offer(scope, raw_path, query, keep_alive=True, whole=True):
             return True
-        self.cycle = cycle
         self._declined = True
         return False
 
@@ -397,20 +385,29 @@ class HandoffHttpToolsProtocol(HttpToolsProtocol):
         if http_version != "1.1":
             scope["http_version"] = http_version
         url = httptools.parse_url(self.url)
-        raw_path = url.path
+        keep_alive = http_version != "1.0" and parser.should_keep_alive()
+        return self._offer(scope, url.path, url.query or b"", keep_alive=keep_alive, whole=False)
+
+    def _offer(
+        self, scope: dict[str, Any], raw_path: bytes, query: bytes, *, keep_alive: bool, whole: bool
+    ) -> bool:
+        """Fills in ``scope``'s path and query as uvicorn does and offers the request to
+        ``quick_reads`` through a ``QuickCycle`` (``whole``: the request is all here, no
+        body to come); where it is declined, the connection's cycle is as it was."""
         path = raw_path.decode("ascii")
         if "%" in path:
             path = urllib.parse.unquote(path)
-        scope["path"] = self.root_path + path
-        scope["raw_path"] = (
-            self.root_path.encode("ascii") + raw_path if self.root_path else raw_path
-        )
-        scope["query_string"] = url.query or b""
-        keep_alive = http_version != "1.0" and parser.should_keep_alive()
+        root = self.root_path
+        scope["path"] = root + path
+        scope["raw_path"] = root.encode("ascii") + raw_path if root else raw_path
+        scope["query_string"] = query
         previous = self.cycle
-        cycle = QuickCycle(self, scope, keep_alive)
-        self.cycle = cast(RequestResponseCycle, cycle)
-        if self.quick_reads.start(cycle):
+        quick = QuickCycle(self, scope, keep_alive)
+        if whole:
+            quick.more_body = False
+        self.cycle = cast(RequestResponseCycle, quick)
+        assert self.quick_reads is not None
+        if self.quick_reads.start(quick):
             return True
         self.cycle = previous
         return False

@@ -32,9 +32,9 @@ __all__ = ["start_quick_read"]
 
 _log = logging.getLogger("docker_variant.proxy")
 
+_NO_TOKENS: frozenset[bytes] = frozenset()  # a split answer has no Connection header
 # Request headers that send a request the ASGI way: a body, transparent resolution, a
 # scheme that uvicorn's proxy-headers middleware would rewrite, an expectation.
-_NO_TOKENS: frozenset[bytes] = frozenset()  # a split answer has no Connection header
 _REFUSED = frozenset(
     {b"content-length", b"transfer-encoding", b"x-variant-properties", b"x-forwarded-proto",
      b"expect"}

@@ -327,7 +327,7 @@ class _Exchange:
     """One ``send_nowait`` request on a connection: the answer is parsed in the connection's
     ``data_received`` and handed over once its head (and a small body whole) is in."""
 
-    __slots__ = ("connection", "has_body", "head", "listener", "parser", "pool", "received")
+    __slots__ = ("connection", "has_body", "head", "listener", "parser", "pool")
 
     def __init__(
         self,
@@ -341,21 +341,19 @@ class _Exchange:
         self.has_body = has_body
         self.listener = listener
         self.head = _Head()
-        self.parser: httptools.HttpResponseParser | None = None  # made if split_answer fails
-        self.received = False
+        # made once bytes came that split_answer did not take (None: not a byte yet)
+        self.parser: httptools.HttpResponseParser | None = None
 
     def feed(self, data: bytes) -> None:
         head = self.head
         parser = self.parser
-        if parser is None:
-            if not self.received:
-                self.received = True
-                whole = split_answer(data, self.has_body, self.pool.notable)
-                if whole is not None:  # the plainest answer: no parser, no Answer
-                    self._end()
-                    self.pool.release(self.connection, True)
-                    self.listener.on_whole(*whole)
-                    return
+        if parser is None:  # the answer's first bytes
+            whole = split_answer(data, self.has_body, self.pool.notable)
+            if whole is not None:  # the plainest answer: no parser, no Answer
+                self._end()
+                self.pool.release(self.connection, True)
+                self.listener.on_whole(*whole)
+                return
             parser = self.parser = httptools.HttpResponseParser(head)
         try:
             parser.feed_data(data)
@@ -391,7 +389,7 @@ class _Exchange:
     def lost(self, exc: BaseException | None) -> None:
         if self.head.headers_done:  # the body broke off: the Answer reports it
             self._answer()
-        elif not self.received:
+        elif self.parser is None:
             self._end()  # not a byte came: a stale keep-alive
             self.connection.close()
             self.listener.on_failure(None)
@@ -426,11 +424,11 @@ class UpstreamPool:
         notable: frozenset[bytes] = frozenset(),
     ) -> None:
         self.host = host
-        self.notable = notable  # header names that make an answer less than plain (on_whole)
         self.port = port
         self.tls = tls
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle
+        self.notable = notable  # header names that make an answer less than plain (on_whole)
         self._idle: deque[_Connection] = deque()
         # the loop its connections belong to (asyncio.get_running_loop costs a getpid())
         self.loop: asyncio.AbstractEventLoop | None = None
