@@ -199,8 +199,10 @@ def test_a_connection_closed_before_answering_is_asked_again_on_a_new_one(
         (Say([threading.Event()]), 504, "timed out"),  # never set: no answer in time
         (Say([b"HTTP/1.1 2x0 Nonsense\r\n\r\n"], close=True), 502, "failed"),
         (Say([b"HTTP/1.1 200 OK\r\nContent-Le"], close=True), 502, "mid-answer"),
+        # more digits than int() converts, or llhttp takes
+        (Say([b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n"]), 502, "failed"),
     ],
-    ids=["silent", "garbage", "closed-mid-head"],
+    ids=["silent", "garbage", "closed-mid-head", "huge-length"],
 )
 def test_an_upstream_that_gives_no_answer_gets_the_proxy_s_error(
     upstream_with: StartUpstream,

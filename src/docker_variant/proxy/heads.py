@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["HEAD_LIMIT", "split_answer", "split_request"]
+__all__ = ["HEAD_LIMIT", "LENGTH_DIGITS", "split_answer", "split_request"]
 
 HEAD_LIMIT = 16 << 10  # longer heads go to the parser
+# a Content-Length of more digits is no length here (int() refuses over 4,300 digits, and
+# llhttp any length past 2**64)
+LENGTH_DIGITS = 18
 
 # a GET or HEAD of an origin-form target (no '#'), then header lines of an RFC 9110 token,
 # a colon and a value of VCHAR, SP, HTAB and obs-text, then the blank line, then nothing
@@ -81,7 +84,12 @@ def split_answer(
         name = name.lower()
         value = value.strip(_OWS)
         if name in _FRAMING:
-            if name != b"content-length" or length >= 0 or not value.isdigit():
+            if (
+                name != b"content-length"
+                or length >= 0
+                or not value.isdigit()
+                or len(value) > LENGTH_DIGITS
+            ):
                 return None
             length = int(value)
         elif name == b"date":

@@ -28,7 +28,7 @@ from typing import Protocol, cast
 
 import httptools
 
-from docker_variant.proxy.heads import split_answer
+from docker_variant.proxy.heads import LENGTH_DIGITS, split_answer
 
 __all__ = ["Answer", "AnswerListener", "UpstreamPool", "connection_tokens", "header_tokens"]
 
@@ -166,8 +166,9 @@ class _Head:
         name = name.lower()  # once, as ASGI has them
         self.headers.append((name, value))
         if name == b"content-length":
-            if value.strip().isdigit():
-                self.content_length = int(value)
+            digits = value.strip()
+            if digits.isdigit() and len(digits) <= LENGTH_DIGITS:
+                self.content_length = int(digits)
         elif name == b"transfer-encoding":
             self.chunked = True
         elif name == b"connection":
