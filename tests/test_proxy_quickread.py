@@ -162,6 +162,42 @@ def test_reads_go_over_the_kept_connection_with_headers_as_forwarded(
     assert _requests(proxy, "manifest", "HEAD", "200") == 2
 
 
+def test_a_plain_answer_goes_down_as_the_upstream_wrote_it(
+    upstream_with: StartUpstream,
+) -> None:
+    """An answer with a Date and nothing to drop or rewrite goes down byte for byte (its
+    names' case and reason phrase included); a caller that asks for close gets it with
+    ``connection: close`` and then an EOF; each is counted."""
+    body = b'{"schemaVersion": 2}'
+    plain = answer(body, "200 Fine", DATE="Fri, 04 Dec 2026 14:00:00 GMT", eTag='"x"')
+
+    def script(asked: Asked) -> Say:
+        return Say([plain if asked.method == "GET" else plain[: -len(body)]])
+
+    _, proxy = upstream_with(script)
+    httpx.get(proxy.url + MANIFEST)  # an upstream connection to keep
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as caller:
+        for method, expected in (("GET", plain), ("HEAD", plain[: -len(body)]), ("GET", plain)):
+            caller.sendall(f"{method} {MANIFEST} HTTP/1.1\r\nHost: {proxy.host}\r\n\r\n".encode())
+            got = b""
+            while len(got) < len(expected):
+                piece = caller.recv(65536)
+                assert piece, got
+                got += piece
+            assert got == expected
+        caller.sendall(
+            f"GET {MANIFEST} HTTP/1.1\r\nHost: {proxy.host}\r\nConnection: close\r\n\r\n".encode()
+        )
+        got = b""
+        while piece := caller.recv(65536):  # to the EOF
+            got += piece
+    head, _, rest = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"\r\nconnection: close" in head.lower()
+    assert rest == body
+    assert _requests(proxy, "manifest", "GET", "200") == 4
+    assert _requests(proxy, "manifest", "HEAD", "200") == 1
+
+
 def _on_the_kept_connection(say: Say) -> Callable[[Asked], Say]:
     """The first request on each connection gets a small manifest, the second request on
     the first connection gets ``say``."""

@@ -261,6 +261,20 @@ class QuickCycle:
         protocol.on_response_complete()
         return True
 
+    def send_as_is(self, data: bytes, head_end: int) -> bool:
+        """``send_whole`` for an upstream answer that goes down as it came (``data``, whose
+        head ends at ``head_end``); on a connection kept alive, that is one write of it."""
+        if not self.keep_alive:  # the caller asked for close: its answer says so
+            return self.send_whole(data[: head_end - 2], data[head_end:])
+        if self.response_complete or self.disconnected:
+            self.response_complete = True
+            return False
+        self.response_complete = True
+        protocol = self.protocol
+        protocol.transport.write(data)
+        protocol.on_response_complete()
+        return True
+
     def continue_with(self, app: ASGIApp) -> None:
         """Runs ``app`` for this request as uvicorn runs its app (a request cycle and a task,
         with the ``SocketHandoff`` extension), from where the quick path left it."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["HEAD_LIMIT", "LENGTH_DIGITS", "split_answer", "split_request"]
+__all__ = ["HEAD_LIMIT", "LENGTH_DIGITS", "PlainAnswers", "split_request"]
 
 HEAD_LIMIT = 16 << 10  # longer heads go to the parser
 # a Content-Length of more digits is no length here (int() refuses over 4,300 digits, and
@@ -26,17 +26,17 @@ LENGTH_DIGITS = 18
 
 # a GET or HEAD of an origin-form target (no '#'), then header lines of an RFC 9110 token,
 # a colon and a value of VCHAR, SP, HTAB and obs-text, then the blank line, then nothing
-_FIELDS = rb"((?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*\r\n)*)\r\n"
+_TOKEN = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_VALUE = rb"[\t\x20-\x7e\x80-\xff]*"
+_FIELDS = rb"((?:" + _TOKEN + b":" + _VALUE + rb"\r\n)*)\r\n"
 _REQUEST = re.compile(rb"(GET|HEAD) (/[!-\x22\x24-\x7e]*) HTTP/1\.1\r\n" + _FIELDS)
-# an HTTP/1.1 status line of a final status (2xx to 5xx), then header lines as above
-_ANSWER = re.compile(rb"HTTP/1\.1 ([2-5][0-9][0-9]) [\t\x20-\x7e\x80-\xff]*\r\n" + _FIELDS)
+# an HTTP/1.1 status line of a final status (2xx to 5xx)
+_STATUS_LINE = rb"HTTP/1\.1 ([2-5][0-9][0-9]) " + _VALUE + rb"\r\n"
 # request headers that make a request other than the plainest: a body, an upgrade, an
 # expectation, a connection not kept alive (any Connection value but "keep-alive")
 _NOT_PLAIN = frozenset(
     {b"connection", b"content-length", b"expect", b"transfer-encoding", b"upgrade"}
 )
-# answer headers that frame it (one Content-Length is the plainest answer) or its connection
-_FRAMING = frozenset({b"connection", b"content-length", b"transfer-encoding"})
 _OWS = b" \t"
 
 
@@ -62,45 +62,37 @@ def split_request(data: bytes) -> tuple[str, bytes, list[tuple[bytes, bytes]]] |
     return ("GET" if method == b"GET" else "HEAD"), target, fields
 
 
-def split_answer(
-    data: bytes, has_body: bool, notable: frozenset[bytes] = frozenset()
-) -> tuple[int, list[tuple[bytes, bytes]], bytes, bool] | None:
-    """``data`` as one whole answer (to a GET where ``has_body``, else to a HEAD) and
-    nothing more, framed by one ``Content-Length``, without ``Connection`` or
-    ``Transfer-Encoding``: its status, header fields (as ``split_request``'s), body, and
-    whether it is as plain as can be: a ``Date``, and none of the ``notable`` names (those
-    the caller would drop or rewrite: then it need not look at the fields again);
-    ``None`` where it is anything else (a short body or bytes past it included)."""
-    match = _ANSWER.match(data)
-    if match is None or match.end() > HEAD_LIMIT:
-        return None
-    status = int(match[1])
-    length = -1
-    dated = False
-    plain = True
-    fields = []
-    for line in match[2].split(b"\r\n")[:-1]:
-        name, _, value = line.partition(b":")
-        name = name.lower()
-        value = value.strip(_OWS)
-        if name in _FRAMING:
-            if (
-                name != b"content-length"
-                or length >= 0
-                or not value.isdigit()
-                or len(value) > LENGTH_DIGITS
-            ):
-                return None
-            length = int(value)
-        elif name == b"date":
-            dated = True
-        elif name in notable:
-            plain = False
-        fields.append((name, value))
-    body = data[match.end() :]
-    if not has_body or status == 204 or status == 304:
-        if body:
+class PlainAnswers:
+    """Upstream answers that go down exactly as they came, bytes for bytes: one whole answer
+    and nothing more, framed by one ``Content-Length``, with a ``Date``, without
+    ``Connection`` or ``Transfer-Encoding`` and without any of ``kept_out`` (the names a
+    proxy would drop or rewrite). Any other answer is for the parser and the proxy's header
+    rules. One expression checks all of it (a look-ahead over the header lines finds the
+    ``Date``; the lines either side of the one ``Content-Length`` exclude its name), so a
+    match costs time linear in the head's size."""
+
+    def __init__(self, kept_out: frozenset[bytes]) -> None:
+        names = sorted({*kept_out, b"connection", b"content-length", b"transfer-encoding"})
+        barred = b"|".join(re.escape(name) for name in names)
+        line = rb"(?!(?i:" + barred + rb"):)" + _TOKEN + b":" + _VALUE + b"\r\n"
+        self._pattern = re.compile(
+            _STATUS_LINE
+            + rb"(?=(?:" + _TOKEN + b":" + _VALUE + rb"\r\n)*?(?i:date):)"
+            + rb"(?:" + line + rb")*"
+            + rb"(?i:content-length):[ \t]*([0-9]{1,%d})[ \t]*\r\n" % LENGTH_DIGITS
+            + rb"(?:" + line + rb")*\r\n"
+        )  # fmt: skip
+
+    def take(self, data: bytes, has_body: bool) -> tuple[int, int] | None:
+        """``data`` (the answer to a GET where ``has_body``, else to a HEAD) as one such
+        answer: its status and where its head ends (the body follows); ``None`` where it is
+        anything else (a short body or bytes past it included)."""
+        match = self._pattern.match(data)
+        if match is None:
             return None
-    elif len(body) != length:
-        return None
-    return status, fields, body, plain and dated
+        end = match.end()
+        if end > HEAD_LIMIT:
+            return None
+        status = int(match[1])
+        body = 0 if not has_body or status == 204 or status == 304 else int(match[2])
+        return (status, end) if len(data) - end == body else None

@@ -245,7 +245,7 @@ class Upstream:
             url.port or (443 if url.scheme == "https" else 80),
             system_tls() if url.scheme == "https" else None,
             connect_timeout,
-            notable=RESPONSE_DROP_RAW | _REWRITTEN,  # what response_headers would change
+            kept_out=RESPONSE_DROP_RAW | _REWRITTEN,  # what response_headers would change
         )
         self.transport = async_transport(
             limits=httpx.Limits(

@@ -4,7 +4,8 @@ A GET or HEAD that ``ReadPassThrough`` would pass through (a manifest by tag, a 
 list...) is offered here by the server's protocol (``handoff.QuickCycle``) as soon as its
 head is parsed. Its request head goes upstream at once on an idle kept-alive connection
 (``UpstreamPool.send_nowait``), and the upstream's answer, when it is small and came whole,
-goes down from the upstream connection's ``data_received`` as one write, then counted and
+goes down from the upstream connection's ``data_received`` as one write (as it came, where
+it is as plain as ``heads.PlainAnswers`` takes), then counted and
 logged as every request (``RequestLog``). Everything else is handed on to ASGI from where it
 stands, with the same answers as ``Upstream.pass_read`` gives: a large or streamed body
 (``RelayedResponse``, blob relays included), an upstream that timed out, broke off or
@@ -32,7 +33,6 @@ __all__ = ["start_quick_read"]
 
 _log = logging.getLogger("docker_variant.proxy")
 
-_NO_TOKENS: frozenset[bytes] = frozenset()  # a split answer has no Connection header
 # Request headers that send a request the ASGI way: a body, transparent resolution, a
 # scheme that uvicorn's proxy-headers middleware would rewrite, an expectation.
 _REFUSED = frozenset(
@@ -96,18 +96,15 @@ class _QuickRead:
             return
         self._send(answer.status, headers, body)
 
-    def on_whole(
-        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, plain: bool
-    ) -> None:
-        if not plain:  # some to drop or rewrite, or no Date
-            try:
-                headers = self.upstream.response_headers(
-                    headers, self.cycle.scope, lowered=True, tokens=_NO_TOKENS
-                )
-            except Exception:
-                self._failed()
-                return
-        self._send(status, headers, body)
+    def on_plain(self, data: bytes, status: int, head_end: int) -> None:
+        cycle = self.cycle
+        size = len(data) - head_end
+        if not cycle.send_as_is(data, head_end):
+            status, size = 0, 0  # the caller was gone
+        scope = cycle.scope
+        self.requests.count(
+            scope["method"], self.route.kind, scope["path"], status, size, self.started
+        )
 
     def _send(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         cycle = self.cycle

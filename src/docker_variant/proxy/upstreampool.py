@@ -13,7 +13,8 @@ thread (``blobrelay``), after which the connection is closed rather than reused.
 ``UpstreamPool.send_nowait`` is the same exchange driven by the connection's callbacks, with
 no task or future: the answer's head, and a small body whole, are parsed as they arrive and
 handed to an ``AnswerListener`` (``quickread``'s path for manifests); the plainest answer,
-whole in its first segment, is split by ``heads.split_answer`` without a parser.
+whole in its first segment, is handed over as the bytes that came (``heads.PlainAnswers``),
+without a parser.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Protocol, cast
 
 import httptools
 
-from docker_variant.proxy.heads import LENGTH_DIGITS, split_answer
+from docker_variant.proxy.heads import LENGTH_DIGITS, PlainAnswers
 
 __all__ = ["Answer", "AnswerListener", "UpstreamPool", "connection_tokens", "header_tokens"]
 
@@ -42,12 +43,11 @@ class AnswerListener(Protocol):
     def on_answer(self, answer: Answer) -> None:
         """The answer's head came, with the whole body where it is small (``complete()``)."""
 
-    def on_whole(
-        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, plain: bool
-    ) -> None:
-        """The plainest answer came whole in one segment (``heads.split_answer``, with the
-        pool's ``notable`` names), and its connection is back in the pool: no parser or
-        ``Answer`` is made for it."""
+    def on_plain(self, data: bytes, status: int, head_end: int) -> None:
+        """The plainest answer came whole in one segment, as ``data`` (its head ends at
+        ``head_end``; ``heads.PlainAnswers``, with the pool's ``kept_out`` names), to go
+        down as it is: no parser or ``Answer`` is made for it. Its connection goes back to
+        the pool once this returns."""
 
     def on_failure(self, error: BaseException | None) -> None:
         """No answer: ``TimeoutError``, ``OSError`` or ``httptools.HttpParserError``; or
@@ -342,18 +342,20 @@ class _Exchange:
         self.has_body = has_body
         self.listener = listener
         self.head = _Head()
-        # made once bytes came that split_answer did not take (None: not a byte yet)
+        # made once bytes came that PlainAnswers did not take (None: not a byte yet)
         self.parser: httptools.HttpResponseParser | None = None
 
     def feed(self, data: bytes) -> None:
         head = self.head
         parser = self.parser
         if parser is None:  # the answer's first bytes
-            whole = split_answer(data, self.has_body, self.pool.notable)
-            if whole is not None:  # the plainest answer: no parser, no Answer
+            plain = self.pool.plain_answers.take(data, self.has_body)
+            if plain is not None:  # the plainest answer: no parser, no Answer
                 self._end()
-                self.pool.release(self.connection, True)
-                self.listener.on_whole(*whole)
+                try:
+                    self.listener.on_plain(data, *plain)  # down first: the caller waits
+                finally:
+                    self.pool.release(self.connection, True)
                 return
             parser = self.parser = httptools.HttpResponseParser(head)
         try:
@@ -422,14 +424,16 @@ class UpstreamPool:
         tls: ssl.SSLContext | None,
         connect_timeout: float,
         max_idle: int = 64,
-        notable: frozenset[bytes] = frozenset(),
+        kept_out: frozenset[bytes] = frozenset(),
     ) -> None:
         self.host = host
         self.port = port
         self.tls = tls
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle
-        self.notable = notable  # header names that make an answer less than plain (on_whole)
+        # answers without these header names (those a proxy drops or rewrites) may go down
+        # as they came (on_plain)
+        self.plain_answers = PlainAnswers(kept_out)
         self._idle: deque[_Connection] = deque()
         # the loop its connections belong to (asyncio.get_running_loop costs a getpid())
         self.loop: asyncio.AbstractEventLoop | None = None
