@@ -175,6 +175,9 @@ def test_a_plain_answer_goes_down_as_it_came() -> None:
     assert _agrees_on_answer(
         ANSWER.replace(b"X-Empty:", b"Date: Fri, 04 Dec 2026 14:00:01 GMT"), True
     )
+    date = b"Date: Fri, 04 Dec 2026 14:00:00 GMT\r\n"
+    date_first = ANSWER.replace(date, b"").replace(b"OK\r\n", b"OK\r\n" + date, 1)
+    assert date_first != ANSWER and _agrees_on_answer(date_first, True)  # above the length
     assert PLAIN.take(ANSWER, False) is None  # a HEAD's answer with a body behind it
     # a Date in the body is none in the head
     undated = ANSWER.replace(b"Date: Fri, 04 Dec 2026 14:00:00 GMT\r\n", b"", 1)

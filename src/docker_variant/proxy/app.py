@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import lru_cache
 from typing import Any
 
 import httpx
@@ -234,6 +235,20 @@ _READS = frozenset(
 _PROPERTIES_KEY = PROPERTIES_HEADER.lower().encode()
 
 
+def read_route(method: str, raw_path: bytes) -> Route | None:
+    """The route of a GET or HEAD that is a plain read, whatever its headers."""
+    return _read_path(raw_path) if method == "GET" or method == "HEAD" else None
+
+
+@lru_cache(maxsize=4096)
+def _read_path(raw_path: bytes) -> Route | None:
+    try:
+        route = parse_v2_path(raw_path.decode("latin-1"))
+    except PathError:
+        return None  # answered by the routes, as every refusal
+    return route if route.kind in _READS else None
+
+
 class ReadPassThrough:
     """A GET or HEAD that is a plain pass-through (blobs, manifests without
     ``X-Variant-Properties``, tags...), answered before Starlette's middleware, routing and
@@ -248,7 +263,7 @@ class ReadPassThrough:
     def start(self, cycle: QuickCycle) -> bool:
         """``handoff.QuickReads``: a plain read is answered from callbacks where it can be
         (``quickread``), else it goes on to ``__call__`` (False)."""
-        route = self._read_route(cycle.scope)
+        route = read_route(cycle.method, cycle.raw_path)
         if route is None:
             return False
         return start_quick_read(self.service().upstream, cycle, route, self.requests, self.again)
@@ -274,20 +289,11 @@ class ReadPassThrough:
         return True
 
     @staticmethod
-    def _read_route(scope: Scope) -> Route | None:
-        """The route of a GET or HEAD that is a plain read, whatever its headers."""
+    def _route(scope: Scope) -> Route | None:
         raw = scope.get("raw_path")
-        if scope["method"] not in ("GET", "HEAD") or not isinstance(raw, bytes):
+        if not isinstance(raw, bytes):
             return None
-        try:
-            route = parse_v2_path(raw.decode("latin-1"))
-        except PathError:
-            return None  # answered by the routes, as every refusal
-        return route if route.kind in _READS else None
-
-    @classmethod
-    def _route(cls, scope: Scope) -> Route | None:
-        route = cls._read_route(scope)
+        route = read_route(scope["method"], raw)
         if route is None:
             return None
         if route.kind is RouteKind.MANIFEST and any(

@@ -222,25 +222,56 @@ class QuickCycle:
     """A GET or HEAD answered from the event loop's callbacks; it stands in for uvicorn's
     request cycle, whose attributes the protocol reads and writes (``response_complete``,
     ``more_body``, ``body``, ``disconnected``, ``keep_alive``, ``message_event``,
-    ``transport``) until the answer is sent or the request is handed on to ASGI."""
+    ``transport``) until the answer is sent or the request is handed on to ASGI.
+
+    It carries the request's parts as they came (``method``, ``raw_path`` without the root
+    path, ``query``, ``headers`` as ASGI has them); its ASGI ``scope`` is built only when
+    something asks for it (an answer handed on to ASGI, a URL to rewrite), which a plain
+    read that goes well never does."""
 
     __slots__ = (
-        "body", "disconnected", "keep_alive", "message_event", "more_body", "protocol",
-        "response_complete", "scope", "transport",
+        "_scope", "body", "disconnected", "headers", "keep_alive", "message_event", "method",
+        "more_body", "protocol", "query", "raw_path", "response_complete", "transport",
     )  # fmt: skip
 
     def __init__(
-        self, protocol: HandoffHttpToolsProtocol, scope: dict[str, Any], keep_alive: bool
+        self,
+        protocol: HandoffHttpToolsProtocol,
+        method: str,
+        raw_path: bytes,
+        query: bytes,
+        headers: list[tuple[bytes, bytes]],
+        keep_alive: bool,
+        scope: dict[str, Any] | None = None,
     ) -> None:
         self.protocol = protocol
-        self.scope = scope
+        self.method = method
+        self.raw_path = raw_path
+        self.query = query
+        self.headers = headers
         self.keep_alive = keep_alive
+        self._scope = scope
         self.transport = protocol.transport
         self.disconnected = False
         self.response_complete = False
         self.more_body = True
         self.body = bytearray()
         self.message_event = _NO_EVENT
+
+    @property
+    def path(self) -> str:
+        """The ASGI ``path``: the root path and the raw path, percent-decoded."""
+        path = self.raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        return self.protocol.root_path + path
+
+    @property
+    def scope(self) -> dict[str, Any]:
+        """The request's ASGI scope, as uvicorn would build it."""
+        if self._scope is None:
+            self._scope = self.protocol.scope_of(self)
+        return self._scope
 
     def send_whole(self, head: bytes, body: bytes) -> bool:
         """``SocketHandoff.send_whole`` for a quick request; False (nothing sent) once the
@@ -252,7 +283,7 @@ class QuickCycle:
         protocol = self.protocol
         transport = protocol.transport
         tail = b"\r\n" if self.keep_alive else b"connection: close\r\n\r\n"
-        if self.scope["method"] == "HEAD" or not body:
+        if self.method == "HEAD" or not body:
             transport.write(head + tail)
         else:
             transport.write(b"".join((head, tail, body)))
@@ -332,8 +363,8 @@ class HandoffHttpToolsProtocol(HttpToolsProtocol):
     def _take_split(self, data: bytes) -> bool:
         """Offers a request to ``quick_reads`` without the parser: one that came whole in
         ``data`` and is as plain as ``heads.split_request`` takes, on a connection with
-        nothing else in flight; its scope is the one uvicorn would build. False: ``data``
-        goes to the parser (and the request, if declined, is not offered again)."""
+        nothing else in flight. False: ``data`` goes to the parser (and the request, if
+        declined, is not offered again)."""
         cycle = self.cycle
         if self.scheme != "http" or self.pipeline or (cycle and not cycle.response_complete):
             return False
@@ -342,23 +373,33 @@ class HandoffHttpToolsProtocol(HttpToolsProtocol):
             return False
         method, target, headers = split
         raw_path, _, query = target.partition(b"?")
-        scope: dict[str, Any] = {
+        self._idle_since = None  # busy, as uvicorn's data_received marks it
+        quick = QuickCycle(self, method, raw_path, query, headers, keep_alive=True)
+        quick.more_body = False  # the request is all here: no body to come
+        if self._offer(quick):
+            return True
+        self._declined = True
+        return False
+
+    def scope_of(self, quick: QuickCycle) -> dict[str, Any]:
+        """The scope uvicorn builds for a request of this connection, with ``quick``'s
+        parts."""
+        root = self.root_path
+        return {
             "type": "http",
             "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
             "http_version": "1.1",
             "server": self.server,
             "client": self.client,
             "scheme": "http",
-            "root_path": self.root_path,
-            "headers": headers,
+            "root_path": root,
+            "headers": quick.headers,
             "state": self.app_state.copy(),
-            "method": method,
+            "method": quick.method,
+            "path": quick.path,
+            "raw_path": root.encode("ascii") + quick.raw_path if root else quick.raw_path,
+            "query_string": quick.query,
         }
-        self._idle_since = None  # busy, as uvicorn's data_received marks it
-        if self._offer(scope, raw_path, query, keep_alive=True, whole=True):
-            return True
-        self._declined = True
-        return False
 
     def on_headers_complete(self) -> None:
         declined, self._declined = self._declined, False
@@ -399,26 +440,21 @@ class HandoffHttpToolsProtocol(HttpToolsProtocol):
         if http_version != "1.1":
             scope["http_version"] = http_version
         url = httptools.parse_url(self.url)
+        raw_path, query = url.path, url.query or b""
         keep_alive = http_version != "1.0" and parser.should_keep_alive()
-        return self._offer(scope, url.path, url.query or b"", keep_alive=keep_alive, whole=False)
-
-    def _offer(
-        self, scope: dict[str, Any], raw_path: bytes, query: bytes, *, keep_alive: bool, whole: bool
-    ) -> bool:
-        """Fills in ``scope``'s path and query as uvicorn does and offers the request to
-        ``quick_reads`` through a ``QuickCycle`` (``whole``: the request is all here, no
-        body to come); where it is declined, the connection's cycle is as it was."""
-        path = raw_path.decode("ascii")
-        if "%" in path:
-            path = urllib.parse.unquote(path)
+        quick = QuickCycle(
+            self, scope["method"], raw_path, query, scope["headers"], keep_alive, scope=scope
+        )
+        scope["path"] = quick.path
         root = self.root_path
-        scope["path"] = root + path
         scope["raw_path"] = root.encode("ascii") + raw_path if root else raw_path
         scope["query_string"] = query
+        return self._offer(quick)
+
+    def _offer(self, quick: QuickCycle) -> bool:
+        """Offers the request to ``quick_reads`` through ``quick``; where it is declined,
+        the connection's cycle is as it was."""
         previous = self.cycle
-        quick = QuickCycle(self, scope, keep_alive)
-        if whole:
-            quick.more_body = False
         self.cycle = cast(RequestResponseCycle, quick)
         assert self.quick_reads is not None
         if self.quick_reads.start(quick):

@@ -47,9 +47,8 @@ def start_quick_read(
     """Sends ``cycle``'s request upstream at ``route``, to be answered from callbacks;
     False (nothing done) where it is not for the quick path. ``slow`` is the app that
     answers it ``pass_read``'s way (after a stale keep-alive)."""
-    scope = cycle.scope
-    method: str = scope["method"]
-    head = upstream.request_head(method, route, scope["query_string"], scope["headers"], _REFUSED)
+    method = cycle.method
+    head = upstream.request_head(method, route, cycle.query, cycle.headers, _REFUSED)
     if head is None:
         return False
     read = _QuickRead(upstream, cycle, route, requests, slow)
@@ -90,7 +89,7 @@ class _QuickRead:
             self._failed()
             return
         if body is None:
-            what = f"{cycle.scope['method']} {self.route.upstream_path()}"
+            what = f"{cycle.method} {self.route.upstream_path()}"
             relayed = RelayedResponse(answer, headers, what, self.upstream.blob_relay)
             cycle.continue_with(self._answer_with(relayed))
             return
@@ -101,18 +100,14 @@ class _QuickRead:
         size = len(data) - head_end
         if not cycle.send_as_is(data, head_end):
             status, size = 0, 0  # the caller was gone
-        scope = cycle.scope
-        self.requests.count(
-            scope["method"], self.route.kind, scope["path"], status, size, self.started
-        )
+        self.requests.count(cycle.method, self.route.kind, cycle.path, status, size, self.started)
 
     def _send(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         cycle = self.cycle
         if not cycle.send_whole(response_head(status, headers), body):
             status, body = 0, b""  # the caller was gone
-        scope = cycle.scope
         self.requests.count(
-            scope["method"], self.route.kind, scope["path"], status, len(body), self.started
+            cycle.method, self.route.kind, cycle.path, status, len(body), self.started
         )
 
     def _failed(self) -> None:
@@ -123,7 +118,7 @@ class _QuickRead:
         if error is None:  # a stale keep-alive: asked again, on a fresh connection
             self.cycle.continue_with(self.slow)
             return
-        response = self.upstream.no_answer(self.cycle.scope["method"], self.route, error)
+        response = self.upstream.no_answer(self.cycle.method, self.route, error)
         self.cycle.continue_with(self._answer_with(response))
 
     def _answer_with(self, response: Response | None) -> ASGIApp:

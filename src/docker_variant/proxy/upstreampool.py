@@ -46,8 +46,8 @@ class AnswerListener(Protocol):
     def on_plain(self, data: bytes, status: int, head_end: int) -> None:
         """The plainest answer came whole in one segment, as ``data`` (its head ends at
         ``head_end``; ``heads.PlainAnswers``, with the pool's ``kept_out`` names), to go
-        down as it is: no parser or ``Answer`` is made for it. Its connection goes back to
-        the pool once this returns."""
+        down as it is: no parser or ``Answer`` is made for it. The exchange ends, and its
+        connection goes back to the pool, once this returns."""
 
     def on_failure(self, error: BaseException | None) -> None:
         """No answer: ``TimeoutError``, ``OSError`` or ``httptools.HttpParserError``; or
@@ -351,10 +351,10 @@ class _Exchange:
         if parser is None:  # the answer's first bytes
             plain = self.pool.plain_answers.take(data, self.has_body)
             if plain is not None:  # the plainest answer: no parser, no Answer
-                self._end()
                 try:
                     self.listener.on_plain(data, *plain)  # down first: the caller waits
                 finally:
+                    self._end()
                     self.pool.release(self.connection, True)
                 return
             parser = self.parser = httptools.HttpResponseParser(head)
