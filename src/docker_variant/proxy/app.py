@@ -235,13 +235,10 @@ _READS = frozenset(
 _PROPERTIES_KEY = PROPERTIES_HEADER.lower().encode()
 
 
-def read_route(method: str, raw_path: bytes) -> Route | None:
-    """The route of a GET or HEAD that is a plain read, whatever its headers."""
-    return _read_path(raw_path) if method == "GET" or method == "HEAD" else None
-
-
 @lru_cache(maxsize=4096)
 def _read_path(raw_path: bytes) -> Route | None:
+    """The route of a GET or HEAD of ``raw_path`` that is a plain read, whatever its
+    headers (cached: a pull asks for each many times)."""
     try:
         route = parse_v2_path(raw_path.decode("latin-1"))
     except PathError:
@@ -263,7 +260,7 @@ class ReadPassThrough:
     def start(self, cycle: QuickCycle) -> bool:
         """``handoff.QuickReads``: a plain read is answered from callbacks where it can be
         (``quickread``), else it goes on to ``__call__`` (False)."""
-        route = read_route(cycle.method, cycle.raw_path)
+        route = _read_path(cycle.raw_path)  # offered only GET and HEAD
         if route is None:
             return False
         return start_quick_read(self.service().upstream, cycle, route, self.requests, self.again)
@@ -291,9 +288,9 @@ class ReadPassThrough:
     @staticmethod
     def _route(scope: Scope) -> Route | None:
         raw = scope.get("raw_path")
-        if not isinstance(raw, bytes):
+        if scope["method"] not in ("GET", "HEAD") or not isinstance(raw, bytes):
             return None
-        route = read_route(scope["method"], raw)
+        route = _read_path(raw)
         if route is None:
             return None
         if route.kind is RouteKind.MANIFEST and any(

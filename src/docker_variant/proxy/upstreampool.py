@@ -184,6 +184,9 @@ class _Head:
         self.message_done = True
 
 
+_NO_HEAD = _Head()  # an exchange's head before any byte came: nothing reported
+
+
 def connection_tokens(
     headers: Iterable[tuple[bytes, bytes]], lowered: bool = False
 ) -> frozenset[bytes]:
@@ -341,23 +344,26 @@ class _Exchange:
         self.connection = connection
         self.has_body = has_body
         self.listener = listener
-        self.head = _Head()
         # made once bytes came that PlainAnswers did not take (None: not a byte yet)
         self.parser: httptools.HttpResponseParser | None = None
+        self.head = _NO_HEAD  # the parser's, once there is one
 
     def feed(self, data: bytes) -> None:
-        head = self.head
         parser = self.parser
         if parser is None:  # the answer's first bytes
-            plain = self.pool.plain_answers.take(data, self.has_body)
+            pool = self.pool
+            plain = pool.plain_answers.take(data, self.has_body)
             if plain is not None:  # the plainest answer: no parser, no Answer
                 try:
                     self.listener.on_plain(data, *plain)  # down first: the caller waits
                 finally:
-                    self._end()
-                    self.pool.release(self.connection, True)
+                    self.connection.exchange = None  # _end's, inline: every GET's path
+                    pool._waiting.pop(self, None)
+                    pool.release(self.connection, True)
                 return
-            parser = self.parser = httptools.HttpResponseParser(head)
+            self.head = _Head()
+            parser = self.parser = httptools.HttpResponseParser(self.head)
+        head = self.head
         try:
             parser.feed_data(data)
         except httptools.HttpParserError as exc:
