@@ -1,4 +1,4 @@
-"""The plainest request heads, checked by one regular expression and split by bytes methods.
+"""The plainest heads, taken by one regular expression each instead of a parser.
 
 Most manifest GETs come as one segment: a whole request head, kept alive, without a body.
 uvicorn's parser callbacks and the request cycle around them (a Python call per header, a
@@ -9,7 +9,11 @@ pieces or with the next request behind it...) returns ``None`` and goes to uvico
 as before. The grammar is RFC 9112's, narrowed: nothing is taken here that httptools would
 refuse or frame differently.
 
-The expression has no ambiguous repetition (a header line is a token, a colon, value bytes
+Most answers are as plain: whole in one segment, one ``Content-Length``, a ``Date``, nothing
+a proxy drops or rewrites. ``PlainAnswers`` recognises them, and the proxy sends them on as
+they came, bytes for bytes; any other answer goes to the parser and the header rules.
+
+The expressions have no ambiguous repetition (a header line is a token, a colon, value bytes
 that are never CR or LF, and CRLF), so a match costs time linear in the head's size.
 """
 
