@@ -7,12 +7,19 @@ import asyncio
 import io
 import json
 import logging
+import time
 from pathlib import Path
 
 import httpx
 
 import devstack
-from docker_variant.proxy.metrics import ACCESS_LOGGER, AccessLines, access_line
+from docker_variant.proxy.metrics import (
+    ACCESS_LOGGER,
+    AccessLines,
+    ProxyMetrics,
+    RequestLog,
+    access_line,
+)
 from docker_variant.server.logs import JsonFormatter
 from fakeupstream import FakeUpstream, Reply
 
@@ -41,24 +48,33 @@ def test_a_line_is_what_the_json_formatter_writes_for_the_record() -> None:
 
 def test_lines_are_written_whole_in_order_in_batches() -> None:
     stream = io.StringIO()
-    lines = AccessLines(stream, batch=3)
+    metrics = ProxyMetrics()
+    requests = RequestLog(metrics, AccessLines(stream), batch=3)
     for n in range(7):
-        lines.add("GET", "blob", f"/{n}", 200, 1.0, n)
+        requests.count("GET", "blob", f"/{n}", 200, n, 0.0)
     assert len(stream.getvalue().splitlines()) == 7  # no loop here: each line at once
     stream.truncate(0)
     stream.seek(0)
 
-    async def burst() -> list[int]:
+    async def burst() -> tuple[list[int], bytes]:
         seen = []
         for n in range(7):
-            lines.add("GET", "blob", f"/{n}", 200, 1.0, n)
+            requests.count("GET", "blob", f"/{n}", 200 if n else 0, n, time.perf_counter())
             seen.append(len(stream.getvalue().splitlines()))
-        lines.flush()
-        return seen
+        scraped = metrics.render()  # counts every request so far, and logs the waiting ones
+        requests.flush()
+        return seen, scraped
 
-    assert asyncio.run(burst()) == [0, 0, 3, 3, 3, 6, 6]
-    written = [json.loads(line)["path"] for line in stream.getvalue().splitlines()]
-    assert written == [f"/{n}" for n in range(7)]
+    seen, scraped = asyncio.run(burst())
+    assert seen == [0, 0, 3, 3, 3, 6, 6]
+    assert b'route="blob",status="200"} 13.0' in scraped
+    assert b'route="blob",status="aborted"} 1.0' in scraped
+    entries = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [entry["path"] for entry in entries] == [f"/{n}" for n in range(7)]
+    assert [entry["bytes"] for entry in entries] == list(range(7))
+    assert entries[0]["status"] is None and entries[1]["status"] == 200
+    # stamped when each request ended, not when its batch was written
+    assert all(abs(entry["ts"] - time.time()) < 60 for entry in entries)
 
 
 def test_the_server_logs_every_request_once(tmp_path: Path, fake_upstream: FakeUpstream) -> None:

@@ -134,8 +134,7 @@ def create_app(
         finally:
             await cache.close()
             await upstream.aclose()
-            if access_lines is not None:
-                access_lines.flush()
+            requests.flush()
 
     async def dispatch(request: Request) -> Response:
         raw = request.scope.get("raw_path")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from email.utils import formatdate
 from json.encoder import encode_basestring_ascii
 from typing import TextIO
@@ -42,12 +42,16 @@ RELAY_MODE = "docker_variant.relay_mode"  # scope key: how they went ("splice" o
 class _RequestCounts:
     """``variant_proxy_requests``, counted in a plain dict on the event loop's thread and
     turned into a counter family when scraped: a ``Counter`` child's ``inc`` takes a lock
-    and checks itself, on every request."""
+    and checks itself, on every request. ``before_collect`` brings the counts up to date
+    (the ``RequestLog`` counts in batches)."""
 
     def __init__(self) -> None:
         self.counts: dict[tuple[str, str, str], int] = {}
+        self.before_collect: Callable[[], None] | None = None
 
     def collect(self) -> Iterator[Metric]:
+        if self.before_collect is not None:
+            self.before_collect()
         family = CounterMetricFamily(
             "variant_proxy_requests",
             "Requests answered, by route class, method and status",
@@ -107,6 +111,10 @@ class ProxyMetrics:
     def request_counts(self) -> dict[tuple[str, str, str], int]:
         """``variant_proxy_requests``' counts by (route, method, status), to add to."""
         return self._requests.counts
+
+    def before_collect(self, update: Callable[[], None]) -> None:
+        """``update`` is called before the request counts are read (a scrape)."""
+        self._requests.before_collect = update
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -190,40 +198,13 @@ _Entry = tuple[str, str, str, int, float, int, float]  # access_line's fields, t
 
 
 class AccessLines:
-    """The access log written to ``stream`` in batches: each request's line once, whole, in
-    order; at most ``batch`` lines or ``delay`` seconds after the first waits, and all at
-    ``flush`` (the proxy's shutdown). A request's fields are kept and its line formatted
-    with the batch's (formatting lines one after another costs a third of formatting each
-    between two requests, its code being cold by then)."""
+    """The access log written to ``stream``: each request's line once, whole, in order,
+    a batch of them in one write (the ``RequestLog`` batches them)."""
 
-    def __init__(self, stream: TextIO, *, batch: int = 256, delay: float = 0.2) -> None:
+    def __init__(self, stream: TextIO) -> None:
         self.stream = stream
-        self.batch = batch
-        self.delay = delay
-        self._entries: list[_Entry] = []
-        self._timer: asyncio.TimerHandle | None = None
 
-    def add(
-        self, method: str, route: str, path: str, status: int, duration_ms: float, sent: int
-    ) -> None:
-        """One request's line (``access_line``'s fields), stamped now."""
-        entries = self._entries
-        entries.append((method, route, path, status, duration_ms, sent, time.time()))
-        if len(entries) >= self.batch:
-            self.flush()
-        elif self._timer is None:
-            try:
-                self._timer = asyncio.get_running_loop().call_later(self.delay, self.flush)
-            except RuntimeError:  # no event loop (a test calling in directly)
-                self.flush()
-
-    def flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if not self._entries:
-            return
-        entries, self._entries = self._entries, []
+    def write(self, entries: Iterable[_Entry]) -> None:
         text = "".join([access_line(*entry) for entry in entries])
         try:
             self.stream.write(text)
@@ -232,19 +213,42 @@ class AccessLines:
             pass
 
 
+# one request as counted: method, route, path, status, body bytes, started and ended
+# (time.perf_counter)
+_Counted = tuple[str, str, str, int, int, float, float]
+
+
 class RequestLog:
     """Counts every request and logs it as one JSON line, to ``lines`` (the server's own
     stream) or, without it, as a record of the ``ACCESS_LOGGER`` logger.
+
+    With ``lines``, a request costs one tuple as it ends: its count and line are made with
+    a batch of them, at most ``batch`` requests or ``delay`` seconds after the first waits,
+    before a scrape of the counts, and at ``flush`` (the proxy's shutdown). Formatting lines
+    one after another costs a fraction of formatting each between two requests, its code
+    being cold by then; a request's ``ts`` is when it ended all the same.
 
     Only method, route class, path, status, duration and size are logged: never headers,
     so no ``Authorization`` value can reach a log.
     """
 
-    def __init__(self, metrics: ProxyMetrics, lines: AccessLines | None = None) -> None:
+    def __init__(
+        self,
+        metrics: ProxyMetrics,
+        lines: AccessLines | None = None,
+        *,
+        batch: int = 256,
+        delay: float = 0.2,
+    ) -> None:
         self.metrics = metrics
         self.lines = lines
+        self.batch = batch
+        self.delay = delay
         self.log = logging.getLogger(ACCESS_LOGGER)
         self._counts = metrics.request_counts
+        self._waiting: list[_Counted] = []
+        self._timer: asyncio.TimerHandle | None = None
+        metrics.before_collect(self.flush)
 
     def record(self, scope: Scope, route: RouteKind, sent: Sent, started: float) -> None:
         """Counts and logs a request that began at ``started`` (``time.perf_counter``)."""
@@ -262,22 +266,45 @@ class RequestLog:
     ) -> None:
         """``record``'s work, from the request's fields: ``status`` 0 is a request cancelled
         before its answer started; ``size`` the body bytes sent."""
-        duration_ms = (time.perf_counter() - started) * 1000
-        key = (route, method, str(status) if status else "aborted")
+        waiting = self._waiting
+        waiting.append((method, route, path, status, size, started, time.perf_counter()))
+        if self.lines is None or len(waiting) >= self.batch:
+            self.flush()
+        elif self._timer is None:
+            try:
+                self._timer = asyncio.get_running_loop().call_later(self.delay, self.flush)
+            except RuntimeError:  # no event loop (a test calling in directly)
+                self.flush()
+
+    def flush(self) -> None:
+        """Counts and logs every request waiting."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._waiting:
+            return
+        counted, self._waiting = self._waiting, []
+        wall, now = time.time(), time.perf_counter()  # a request's ts: wall - (now - ended)
         counts = self._counts
-        counts[key] = counts.get(key, 0) + 1
+        entries: list[_Entry] = []
+        for method, route, path, status, size, started, ended in counted:
+            key = (route, method, str(status) if status else "aborted")
+            counts[key] = counts.get(key, 0) + 1
+            duration_ms = (ended - started) * 1000
+            entries.append((method, route, path, status, duration_ms, size, wall - now + ended))
         if self.lines is not None:
-            self.lines.add(method, route, path, status, duration_ms, size)
+            self.lines.write(entries)
         elif self.log.isEnabledFor(logging.INFO):
-            fields = {
-                "method": method,
-                "route": route,
-                "path": path,
-                "status": status or None,
-                "duration_ms": round(duration_ms, 2),
-                "bytes": size,
-            }
-            self.log.info("request", extra={"fields": fields})
+            for method, route, path, status, duration_ms, size, _ in entries:
+                fields = {
+                    "method": method,
+                    "route": route,
+                    "path": path,
+                    "status": status or None,
+                    "duration_ms": round(duration_ms, 2),
+                    "bytes": size,
+                }
+                self.log.info("request", extra={"fields": fields})
 
 
 class AccessLog:
