@@ -95,9 +95,9 @@ class PlainAnswers:
         if match is None:
             return None
         end = match.end()
-        # groups: the status, a Date above the length, the length, a Date below it
-        if end > HEAD_LIMIT or (match.start(2) < 0 and match.start(4) < 0):
+        code, date_above, length, date_below = match.groups()  # a Date's group is b"" if seen
+        if end > HEAD_LIMIT or (date_above is None and date_below is None):
             return None
-        status = int(match[1])
-        body = 0 if not has_body or status == 204 or status == 304 else int(match[3])
+        status = int(code)
+        body = 0 if not has_body or status == 204 or status == 304 else int(length)
         return (status, end) if len(data) - end == body else None
