@@ -4,9 +4,9 @@ A GET or HEAD that ``ReadPassThrough`` would pass through (a manifest by tag, a 
 list...) is offered here by the server's protocol (``handoff.QuickCycle``) as soon as its
 head is parsed. Its request head goes upstream at once on an idle kept-alive connection
 (``UpstreamPool.send_nowait``), and the upstream's answer, when it is small and came whole,
-goes down from the upstream connection's ``data_received`` as one write (as it came, where
-it is as plain as ``heads.PlainAnswers`` takes), then counted and
-logged as every request (``RequestLog``). Everything else is handed on to ASGI from where it
+goes down from the upstream connection's ``data_received`` as one write (bytes for bytes as
+it came, where it is as plain as ``heads.PlainAnswers`` takes), then counted and logged as
+every request (``RequestLog``). Everything else is handed on to ASGI from where it
 stands, with the same answers as ``Upstream.pass_read`` gives: a large or streamed body
 (``RelayedResponse``, blob relays included), an upstream that timed out, broke off or
 answered garbage (504, 502). A request that finds no idle upstream connection, carries a
