@@ -26,6 +26,7 @@ SCRIPTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "client/warm",
         ),
     ),
+    "bench_proxy_ab.py": (("docker-registry", "git"), ("CPU per GET against", "relay")),
     "bench_quickread.py": ((), ("ratio proxy/relay",)),
     "bench_pull.py": (("docker-registry", "dockerd", "skopeo"), ("ratio", "fixed cost")),
     "bench_scheduler.py": ((), ("ratio",)),
