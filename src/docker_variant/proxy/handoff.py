@@ -384,22 +384,27 @@ class HandoffHttpToolsProtocol(HttpToolsProtocol):
     def scope_of(self, quick: QuickCycle) -> dict[str, Any]:
         """The scope uvicorn builds for a request of this connection, with ``quick``'s
         parts."""
-        root = self.root_path
-        return {
+        scope = {
             "type": "http",
             "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
             "http_version": "1.1",
             "server": self.server,
             "client": self.client,
             "scheme": "http",
-            "root_path": root,
+            "root_path": self.root_path,
             "headers": quick.headers,
             "state": self.app_state.copy(),
             "method": quick.method,
-            "path": quick.path,
-            "raw_path": root.encode("ascii") + quick.raw_path if root else quick.raw_path,
-            "query_string": quick.query,
         }
+        self._fill_target(scope, quick)
+        return scope
+
+    def _fill_target(self, scope: dict[str, Any], quick: QuickCycle) -> None:
+        """``scope``'s path, raw path and query, from ``quick``'s, as uvicorn fills them."""
+        root = self.root_path
+        scope["path"] = quick.path
+        scope["raw_path"] = root.encode("ascii") + quick.raw_path if root else quick.raw_path
+        scope["query_string"] = quick.query
 
     def on_headers_complete(self) -> None:
         declined, self._declined = self._declined, False
@@ -445,10 +450,7 @@ class HandoffHttpToolsProtocol(HttpToolsProtocol):
         quick = QuickCycle(
             self, scope["method"], raw_path, query, scope["headers"], keep_alive, scope=scope
         )
-        scope["path"] = quick.path
-        root = self.root_path
-        scope["raw_path"] = root.encode("ascii") + raw_path if root else raw_path
-        scope["query_string"] = query
+        self._fill_target(scope, quick)
         return self._offer(quick)
 
     def _offer(self, quick: QuickCycle) -> bool:

@@ -351,15 +351,13 @@ class _Exchange:
     def feed(self, data: bytes) -> None:
         parser = self.parser
         if parser is None:  # the answer's first bytes
-            pool = self.pool
-            plain = pool.plain_answers.take(data, self.has_body)
+            plain = self.pool.plain_answers.take(data, self.has_body)
             if plain is not None:  # the plainest answer: no parser, no Answer
                 try:
                     self.listener.on_plain(data, *plain)  # down first: the caller waits
                 finally:
-                    self.connection.exchange = None  # _end's, inline: every GET's path
-                    pool._waiting.pop(self, None)
-                    pool.release(self.connection, True)
+                    self._end()
+                    self.pool.release(self.connection, True)
                 return
             self.head = _Head()
             parser = self.parser = httptools.HttpResponseParser(self.head)
