@@ -2,16 +2,27 @@
 there is read exactly as httptools (llhttp, uvicorn's parser) reads it, an answer taken to go
 down as it came is one that httptools frames the same way and that carries nothing a proxy
 drops or rewrites, and whatever is not plain is left to the parser. Checked on hand-picked
-heads and on thousands of mutated ones."""
+heads and on thousands of mutated ones, for both readers: the C one (``_heads.c``) and the
+expressions it stands in for, which must also agree with each other on every head."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import httptools
 import pytest
 
-from docker_variant.proxy.heads import HEAD_LIMIT, PlainAnswers, split_request
+from docker_variant.proxy import heads
+from docker_variant.proxy.heads import (
+    HEAD_LIMIT,
+    LENGTH_DIGITS,
+    NATIVE,
+    PlainAnswers,
+    Split,
+    split_request_by_expression,
+)
 
 REQUEST = (
     b"GET /v2/a/b/manifests/1.0?n=1 HTTP/1.1\r\nHost: 127.0.0.1:5000\r\n"
@@ -26,7 +37,21 @@ ANSWER = (
 ) + BODY
 # what a proxy drops or rewrites, besides the framing and Connection that PlainAnswers bars
 KEPT_OUT = frozenset({b"keep-alive", b"te", b"location", b"link"})
-PLAIN = PlainAnswers(KEPT_OUT)
+
+
+@dataclass(frozen=True)
+class Readers:
+    split_request: Callable[[bytes], Split | None]
+    plain: PlainAnswers
+
+
+EXPRESSIONS = Readers(split_request_by_expression, PlainAnswers(KEPT_OUT, native=False))
+NATIVE_READERS = Readers(heads.split_request, PlainAnswers(KEPT_OUT))
+
+
+@pytest.fixture(params=["native", "expressions"])
+def readers(request: pytest.FixtureRequest) -> Readers:
+    return NATIVE_READERS if request.param == "native" else EXPRESSIONS
 
 
 class _Request:
@@ -75,10 +100,10 @@ class _Answer:
         self.messages += 1
 
 
-def _agrees_on_request(data: bytes) -> bool:
+def _agrees_on_request(readers: Readers, data: bytes) -> bool:
     """Asserts httptools reads a head that ``split_request`` took the same way: one whole
     message, kept alive, no upgrade, no body; True where it was taken."""
-    split = split_request(data)
+    split = readers.split_request(data)
     if split is None:
         return False
     seen = _Request()
@@ -95,12 +120,12 @@ def _agrees_on_request(data: bytes) -> bool:
     return True
 
 
-def _agrees_on_answer(data: bytes, has_body: bool) -> bool:
+def _agrees_on_answer(readers: Readers, data: bytes, has_body: bool) -> bool:
     """Asserts httptools reads an answer that ``PlainAnswers`` took as one that may go down
     as it came: one HTTP/1.1 message of that status, one ``Content-Length`` framing the
     body as the parser frames it, a ``Date``, none of the names kept out; True where it
     was taken."""
-    taken = PLAIN.take(data, has_body)
+    taken = readers.plain.take(data, has_body)
     if taken is None:
         return False
     seen = _Answer()
@@ -120,12 +145,13 @@ def _agrees_on_answer(data: bytes, has_body: bool) -> bool:
     return True
 
 
-def test_a_plain_request_is_split_as_uvicorn_reads_it() -> None:
-    assert _agrees_on_request(REQUEST)
-    method, target, fields = split_request(REQUEST) or ("", b"", [])
+def test_a_plain_request_is_split_as_uvicorn_reads_it(readers: Readers) -> None:
+    assert _agrees_on_request(readers, REQUEST)
+    method, target, fields = readers.split_request(REQUEST) or ("", b"", [])
     assert (method, target) == ("GET", b"/v2/a/b/manifests/1.0?n=1")
     assert (b"authorization", b"Bearer abc.def") in fields
-    assert _agrees_on_request(REQUEST.replace(b"GET", b"HEAD", 1))
+    assert _agrees_on_request(readers, REQUEST.replace(b"GET", b"HEAD", 1))
+    assert _agrees_on_request(readers, b"GET / HTTP/1.1\r\n\r\n")  # no fields at all
 
 
 @pytest.mark.parametrize(
@@ -152,40 +178,55 @@ def test_a_plain_request_is_split_as_uvicorn_reads_it() -> None:
         (b"\r\n\r\n", b"\r\n"),  # not whole yet
     ],
 )
-def test_anything_less_plain_is_left_to_the_parser(change: tuple[bytes, bytes]) -> None:
+def test_anything_less_plain_is_left_to_the_parser(
+    readers: Readers, change: tuple[bytes, bytes]
+) -> None:
     old, new = change
-    assert split_request(REQUEST.replace(old, new, 1)) is None
+    assert readers.split_request(REQUEST.replace(old, new, 1)) is None
 
 
-def test_a_head_over_the_limit_is_left_to_the_parser() -> None:
+def test_a_head_over_the_limit_is_left_to_the_parser(readers: Readers) -> None:
     long = REQUEST.replace(b"t/1", b"t" * HEAD_LIMIT)
-    assert split_request(long) is None
-    assert PLAIN.take(ANSWER.replace(b"sha256:aa\r\n", b"a" * HEAD_LIMIT + b"\r\n"), True) is None
+    assert readers.split_request(long) is None
+    over = ANSWER.replace(b"sha256:aa\r\n", b"a" * HEAD_LIMIT + b"\r\n")
+    assert readers.plain.take(over, True) is None
+    # the head ends just past the limit with its last byte
+    at_limit = ANSWER.replace(b"X-Empty:", b"X-Empty:" + b"a" * (HEAD_LIMIT - 257))
+    size = at_limit.index(b"\r\n\r\n") + 4
+    at_limit = at_limit.replace(b"X-Empty:", b"X-Empty:" + b"a" * (HEAD_LIMIT - size), 1)
+    assert at_limit.index(b"\r\n\r\n") + 4 == HEAD_LIMIT
+    assert readers.plain.take(at_limit, True) == (200, HEAD_LIMIT)
+    assert readers.plain.take(at_limit.replace(b"X-Empty:", b"X-Empty:a", 1), True) is None
 
 
-def test_a_plain_answer_goes_down_as_it_came() -> None:
-    assert _agrees_on_answer(ANSWER, True)
-    assert PLAIN.take(ANSWER, True) == (200, len(ANSWER) - len(BODY))
+def test_a_plain_answer_goes_down_as_it_came(readers: Readers) -> None:
+    plain = readers.plain
+    assert _agrees_on_answer(readers, ANSWER, True)
+    assert plain.take(ANSWER, True) == (200, len(ANSWER) - len(BODY))
     head = ANSWER[: -len(BODY)]
-    assert _agrees_on_answer(head, False)  # the answer to a HEAD
-    assert _agrees_on_answer(head.replace(b"200 OK", b"304 Not Modified"), True)
+    assert _agrees_on_answer(readers, head, False)  # the answer to a HEAD
+    assert _agrees_on_answer(readers, head.replace(b"200 OK", b"304 Not Modified"), True)
     assert _agrees_on_answer(
-        ANSWER.replace(b"Date", b"dAtE").replace(b"Content-L", b"CONTENT-L"), True
+        readers, ANSWER.replace(b"Date", b"dAtE").replace(b"Content-L", b"CONTENT-L"), True
     )
     assert _agrees_on_answer(
-        ANSWER.replace(b"X-Empty:", b"Date: Fri, 04 Dec 2026 14:00:01 GMT"), True
+        readers, ANSWER.replace(b"X-Empty:", b"Date: Fri, 04 Dec 2026 14:00:01 GMT"), True
     )
     date = b"Date: Fri, 04 Dec 2026 14:00:00 GMT\r\n"
     date_first = ANSWER.replace(date, b"").replace(b"OK\r\n", b"OK\r\n" + date, 1)
-    assert date_first != ANSWER and _agrees_on_answer(date_first, True)  # above the length
-    assert PLAIN.take(ANSWER, False) is None  # a HEAD's answer with a body behind it
+    assert date_first != ANSWER and _agrees_on_answer(readers, date_first, True)
+    assert plain.take(ANSWER, False) is None  # a HEAD's answer with a body behind it
+    longest = b"9" * LENGTH_DIGITS
+    huge = head.replace(b"Length: %d" % len(BODY), b"Length: " + longest)  # a HEAD's
+    assert plain.take(huge, False) == (200, len(huge))
+    assert plain.take(huge.replace(longest, longest + b"9"), False) is None
     # a Date in the body is none in the head
     undated = ANSWER.replace(b"Date: Fri, 04 Dec 2026 14:00:00 GMT\r\n", b"", 1)
     body = b"x\r\nDate: y\r\n"
     length = b"Content-Length: %d"
     undated = undated.replace(length % len(BODY), length % len(body)).replace(BODY, body)
-    assert PLAIN.take(undated, True) is None
-    assert PLAIN.take(undated.replace(b"X-Empty", b"Date"), True) is not None
+    assert plain.take(undated, True) is None
+    assert plain.take(undated.replace(b"X-Empty", b"Date"), True) is not None
 
 
 @pytest.mark.parametrize(
@@ -209,10 +250,12 @@ def test_a_plain_answer_goes_down_as_it_came() -> None:
         (b"Etag: ", b"Etag:\n ", True),
     ],
 )
-def test_an_answer_less_plain_is_left_to_the_parser(old: bytes, new: bytes, has_body: bool) -> None:
+def test_an_answer_less_plain_is_left_to_the_parser(
+    readers: Readers, old: bytes, new: bytes, has_body: bool
+) -> None:
     changed = ANSWER.replace(old, new, 1)
     assert changed != ANSWER
-    assert PLAIN.take(changed, has_body) is None
+    assert readers.plain.take(changed, has_body) is None
 
 
 _ALPHABET = [b"\r", b"\n", b"\r\n", b" ", b"\t", b":", b"\x00", b"\x7f", b"\x80", b"#", b"?"]
@@ -220,25 +263,72 @@ _ALPHABET += [b"a", b"-", b"0", b"\r\n\r\n", b"Content-Length: 3\r\n", b"Connect
 _ALPHABET += [b"Date: x\r\n", b"Link: y\r\n"]
 
 
-def _mutated(data: bytes, rng: random.Random) -> bytes:
+def _mutated(data: bytes, rng: random.Random, alphabet: list[bytes] = _ALPHABET) -> bytes:
     for _ in range(rng.randint(1, 3)):
         at = rng.randrange(len(data) + 1)
         kind = rng.random()
         if kind < 0.5:
-            data = data[:at] + rng.choice(_ALPHABET) + data[at:]
+            data = data[:at] + rng.choice(alphabet) + data[at:]
         elif kind < 0.8:
             data = data[:at] + data[at + rng.randint(1, 3) :]
         else:
-            data = data[:at] + rng.choice(_ALPHABET) + data[at + 1 :]
+            data = data[:at] + rng.choice(alphabet) + data[at + 1 :]
     return data
 
 
-def test_mutated_heads_are_either_read_as_httptools_reads_them_or_left_to_it() -> None:
+def test_mutated_heads_are_either_read_as_httptools_reads_them_or_left_to_it(
+    readers: Readers,
+) -> None:
     rng = random.Random(825)
     taken = {"request": 0, "answer": 0, "head": 0}
     for _ in range(4000):
-        taken["request"] += _agrees_on_request(_mutated(REQUEST, rng))
-        taken["answer"] += _agrees_on_answer(_mutated(ANSWER, rng), True)
-        taken["head"] += _agrees_on_answer(_mutated(ANSWER[: -len(BODY)], rng), False)
+        taken["request"] += _agrees_on_request(readers, _mutated(REQUEST, rng))
+        taken["answer"] += _agrees_on_answer(readers, _mutated(ANSWER, rng), True)
+        taken["head"] += _agrees_on_answer(readers, _mutated(ANSWER[: -len(BODY)], rng), False)
     # the check means something only if many mutants were taken, and many were not
     assert all(400 < count < 3600 for count in taken.values()), taken
+
+
+def test_the_c_readers_are_built_and_serve() -> None:
+    """The package's set-up builds ``_heads.c``: a build that lost it (and fell back to the
+    expressions without a word) fails here."""
+    from docker_variant.proxy import _heads
+
+    assert NATIVE and heads.split_request is _heads.split_request
+    assert NATIVE_READERS.plain.take is not NATIVE_READERS.plain.take_by_expression
+    assert (_heads.HEAD_LIMIT, _heads.LENGTH_DIGITS) == (HEAD_LIMIT, LENGTH_DIGITS)
+    with pytest.raises(TypeError):
+        _heads.split_request(bytearray(REQUEST))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="lower-case"):
+        _heads.answer_reader((b"Link",))
+    with pytest.raises(TypeError):
+        NATIVE_READERS.plain.take(ANSWER)  # type: ignore[call-arg]
+
+
+# the mutation alphabet, widened with what each reader decides on: names in any case,
+# lengths of every size, the request line's parts
+_WIDE = [b"CONTENT-LENGTH: 12\r\n", b"dAtE: z\r\n", b"TE: x\r\n", b"connection: Keep-Alive\r\n"]
+_WIDE += [b"Expect: a\r\n", b"1" * LENGTH_DIGITS, b"HEAD", b" HTTP/1.1", b"\xff", b"9", b"x:"]
+
+
+def test_the_c_readers_agree_with_the_expressions_on_every_mutant() -> None:
+    rng = random.Random(817)
+    alphabet = _ALPHABET + _WIDE
+    taken = 0
+    for _ in range(20000):
+        request = _mutated(REQUEST, rng, alphabet)
+        assert heads.split_request(request) == split_request_by_expression(request), request
+        answer = _mutated(ANSWER if rng.random() < 0.5 else ANSWER[: -len(BODY)], rng, alphabet)
+        for has_body in (True, False):
+            native = NATIVE_READERS.plain.take(answer, has_body)
+            assert native == EXPRESSIONS.plain.take(answer, has_body), (answer, has_body)
+            taken += native is not None
+    assert 2000 < taken < 18000, taken
+    # every cut of a head: where a reader would run past the bytes it has
+    for whole in (REQUEST, ANSWER, ANSWER[: -len(BODY)]):
+        for cut in range(len(whole) + 1):
+            part = whole[:cut]
+            assert heads.split_request(part) == split_request_by_expression(part), part
+            for has_body in (True, False):
+                native = NATIVE_READERS.plain.take(part, has_body)
+                assert native == EXPRESSIONS.plain.take(part, has_body), (part, has_body)
