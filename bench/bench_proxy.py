@@ -14,6 +14,9 @@ Run: .venv/bin/python bench/bench_proxy.py
   machine disturbs far less than the times; then, in rounds of their own, what Python per
   request costs here: the bare relay spending 25, 50 and 100 us of busy Python per read,
   and a lean Python proxy (the least an HTTP proxy does per request), beside the proxy
+- the same GETs in runs of 10 a turn (each server takes ten requests in a row): a server under
+  steady traffic, whose caches stay warm; the aim's rounds send one request a turn, so that
+  every request finds caches the other servers' requests left cold
 - `_variants` warm (cached), cold (`Cache-Control: no-cache`: a scan in the proxy) and the
   client-side scan without a proxy, at 10, 50 and 200 variants (left out with --no-variants)
 - `--tiny`: every part at a size that runs in seconds (CI runs it so that the benchmark keeps
@@ -66,6 +69,7 @@ from imaging import OCI_MANIFEST, push_blob, push_manifest, raw_manifest
 BLOB_MIB = 256
 BLOB_AIM = 0.9  # issue 8: blob throughput through the proxy, at least this of direct
 MANIFEST_AIM = 1.15  # issue 20: manifest GET latency through the proxy, at most this x direct
+STEADY_RUN = 10  # requests in a row of each server a turn, for the steady-traffic figure
 # busy Python per read (us) of the budget peers: a request has two reads on its path
 BUDGET_US = (25, 50, 100)
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -104,26 +108,31 @@ def verdict(ok: bool) -> str:
 
 
 def turns_ms(
-    runs: dict[str, Callable[[], object]], repeat: int, pids: dict[str, int]
+    runs: dict[str, Callable[[], object]], repeat: int, pids: dict[str, int], run: int = 1
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Median ms of each run, all taking turns in an order that rotates every turn (so all see
     the same machine load, and none always comes right after another), after a warm-up of a
     quarter as many turns; and the CPU per request (us) of the servers in ``pids``, which
     serve only their own run's requests: a figure that a busy machine disturbs far less
-    than the times."""
+    than the times. A turn is ``run`` requests in a row of each: with 1, every request
+    finds the caches as the other servers left them; with more, a server is measured as
+    under steady traffic."""
     names = list(runs)
     for _ in range(max(1, repeat // 4)):  # warm-up: connections, caches
         for name in names:
             runs[name]()
     samples: dict[str, list[float]] = {name: [] for name in names}
     cpu_before = {name: cpu_ns(pid) for name, pid in pids.items()}
-    for turn in range(repeat):
+    turns = max(1, repeat // run)
+    for turn in range(turns):
         shift = turn % len(names)
         for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            runs[name]()
-            samples[name].append(time.perf_counter() - start)
-    cpu_us = {name: (cpu_ns(pid) - cpu_before[name]) / repeat / 1e3 for name, pid in pids.items()}
+            for _ in range(run):
+                start = time.perf_counter()
+                runs[name]()
+                samples[name].append(time.perf_counter() - start)
+    done = turns * run
+    cpu_us = {name: (cpu_ns(pid) - cpu_before[name]) / done / 1e3 for name, pid in pids.items()}
     return {name: statistics.median(times) * 1e3 for name, times in samples.items()}, cpu_us
 
 
@@ -581,7 +590,7 @@ def main() -> None:
         clients = {name: httpx.Client() for name in {**peers, **budget_peers}}
 
         def rounds_of(
-            servers: dict[str, tuple[str, int]], method: str
+            servers: dict[str, tuple[str, int]], method: str, run: int = 1
         ) -> tuple[dict[str, float], dict[str, float]]:
             runs: dict[str, Callable[[], object]] = {
                 name: functools.partial(
@@ -589,7 +598,8 @@ def main() -> None:
                 )
                 for name, (url, _) in servers.items()
             }
-            ms, cpu = turns_ms(runs, turns, {name: pid for name, (_, pid) in servers.items()})
+            pids = {name: pid for name, (_, pid) in servers.items()}
+            ms, cpu = turns_ms(runs, turns, pids, run)
             # the registry serves every peer's requests: its figure is per request it served
             cpu["direct"] /= len(servers)
             return ms, cpu
@@ -616,6 +626,20 @@ def main() -> None:
                     line += f"   (aim <= {MANIFEST_AIM}: {verdict(p / d <= MANIFEST_AIM)})"
                 print(line)
                 print(cpu_line(cpu))
+            # The aim's rounds above send each server one request a turn, so every request
+            # finds caches the others' requests left cold; a proxy under steady traffic
+            # serves request after request.
+            ms, cpu = rounds_of(peers, "GET", STEADY_RUN)
+            d = ms["direct"]
+            print(
+                f"  GET in runs of {STEADY_RUN} a turn (steady traffic): direct {d:5.2f} ms   "
+                + "   ".join(
+                    f"{_PEER_NAMES.get(name, name)} {ms[name] / d:.2f}"
+                    for name in ms
+                    if name != "direct"
+                )
+            )
+            print(cpu_line(cpu))
             print(
                 f"what Python per read costs (GET, its own rounds, median of {turns}): over direct"
             )

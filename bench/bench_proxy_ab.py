@@ -1,13 +1,18 @@
 """variant-proxy from several revisions of this repository, in the same rounds.
 
-Run: .venv/bin/python bench/bench_proxy_ab.py [REV ...] [--rounds N] [--turns N] [--tiny]
-- each REV (a commit, a branch, a tag; ``.`` for the working tree; default: ``HEAD .``) is
-  exported with ``git archive REV src`` and started as a ``variant-proxy`` of its own (this
-  interpreter, that tree first on ``PYTHONPATH``, this venv's packages behind it) in front of
-  one registry, beside the bare uvloop relay of ``bench_proxy.py``
+Run: .venv/bin/python bench/bench_proxy_ab.py [REV ...] [--rounds N] [--turns N] [--run N]
+     [--tiny]
+- each REV (a commit, a branch, a tag; ``.`` for the working tree; a folder holding a built
+  ``docker_variant`` package; default: ``HEAD .``) is exported with ``git archive REV``, its
+  C extensions built in place where it has a ``setup.py``, and started as a ``variant-proxy`` of its own (this interpreter, that tree first on
+  ``PYTHONPATH``, this venv's packages behind it) in front of one registry, beside the bare
+  uvloop relay of ``bench_proxy.py``
 - manifest GETs take turns between direct, every proxy and the relay, in an order that
   rotates every turn, as in ``bench_proxy.py``; each round prints every server's median over
-  direct and its CPU per GET, and the last line each proxy's CPU against the first REV's
+  direct and its CPU per GET, and the last line each proxy's CPU against the first REV's;
+  a proxy whose heads are read by the expressions, not C, is marked "(no C)"
+- ``--run N``: each server takes N requests in a row a turn (default 1: as the aim's rounds
+  of ``bench_proxy.py``; 10: as under steady traffic)
 - ``--tiny``: one round of 20 turns (CI runs it so that the script keeps working)
 
 What a change does to the proxy's cost shows best this way: the machine's speed moves between
@@ -42,17 +47,27 @@ MANIFEST = "/v2/bench/ab/manifests/1"
 
 
 def export(rev: str, into: Path) -> Path:
-    """The ``src`` folder of ``rev`` (``.``: the working tree's own)."""
+    """The ``src`` folder of ``rev`` (``.``: the working tree's own; a folder with a
+    ``docker_variant`` package in it: that folder, as a build left it)."""
     if rev == ".":
         return REPO / "src"
+    if (Path(rev) / "docker_variant").is_dir():
+        return Path(rev).resolve()
     archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", "--format=tar", rev, "src"],
+        ["git", "-C", str(REPO), "archive", "--format=tar", rev],
         capture_output=True,
         check=True,
     ).stdout
     target = into / rev.replace("/", "_")
     target.mkdir()
     subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    if (target / "setup.py").exists():  # C extensions, built in place as an install does
+        subprocess.run(
+            [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+            cwd=target,
+            capture_output=True,
+            check=True,
+        )
     return target / "src"
 
 
@@ -70,16 +85,19 @@ def python_path(first: Path) -> Iterator[None]:
             os.environ["PYTHONPATH"] = before
 
 
-def imported_from(src: Path) -> Path:
-    """Where a process started with ``src`` first on its path imports the package from."""
+def imported_from(src: Path) -> tuple[Path, bool]:
+    """Where a process started with ``src`` first on its path imports the package from, and
+    whether its proxy reads heads in C (``heads.NATIVE``; False where the tree has none)."""
+    script = (
+        "import docker_variant.proxy.heads as h; print(h.__file__); "
+        "print(getattr(h, 'NATIVE', False))"
+    )
     with python_path(src):
         done = subprocess.run(
-            [sys.executable, "-c", "import docker_variant; print(docker_variant.__file__)"],
-            capture_output=True,
-            text=True,
-            check=True,
+            [sys.executable, "-c", script], capture_output=True, text=True, check=True
         )
-    return Path(done.stdout.strip()).parent.parent
+    location, native = done.stdout.split()
+    return Path(location).parent.parent.parent, native == "True"
 
 
 def main() -> None:
@@ -87,6 +105,7 @@ def main() -> None:
     parser.add_argument("revs", nargs="*", default=["HEAD", "."], help="revisions (. = tree)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of turns")
     parser.add_argument("--turns", type=int, default=1000, help="manifest GETs of each a round")
+    parser.add_argument("--run", type=int, default=1, help="requests in a row of each a turn")
     parser.add_argument("--tiny", action="store_true", help="one round of 20 turns (CI)")
     args = parser.parse_args()
     rounds, turns = (1, 20) if args.tiny else (args.rounds, args.turns)
@@ -105,12 +124,16 @@ def main() -> None:
         try:
             for number, rev in enumerate(revs):
                 src = export(rev, Path(trees))
-                if imported_from(src) != src.resolve():
+                location, native = imported_from(src)
+                if location != src.resolve():
                     raise SystemExit(f"bench_proxy_ab: {rev}'s tree is not what Python imports")
                 with python_path(src):
                     proxy = devstack.start_proxy(registry.url, stack.root / f"proxy-{number}")
                 services.append(proxy)
-                peers[f"{number}:{rev}"] = (proxy.url, proxy.process.pid)
+                peers[f"{number}:{rev}{'' if native else ' (no C)'}"] = (
+                    proxy.url,
+                    proxy.process.pid,
+                )
             relay = bench_proxy.start_relay("loop", registry.address, stack.root)
             services.append(relay)
             peers["relay"] = (relay.url, relay.process.pid)
@@ -130,7 +153,7 @@ def main() -> None:
                         for name, (url, _) in peers.items()
                     }
                     pids = {name: pid for name, (_, pid) in peers.items()}
-                    ms, cpu = bench_proxy.turns_ms(runs, turns, pids)
+                    ms, cpu = bench_proxy.turns_ms(runs, turns, pids, args.run)
                     for name in names:
                         cpu_sums[name] += cpu[name]
                     print(
