@@ -21,6 +21,7 @@ from starlette.applications import Starlette
 
 from docker_variant import __version__
 from docker_variant.errors import InvalidInputError
+from docker_variant.proxy import heads
 from docker_variant.proxy.app import (
     DEFAULT_CACHE_TTL,
     DEFAULT_UPSTREAM_TIMEOUT,
@@ -189,12 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     config = server_config(app, args.log_level, **tls)
     bound = sock.getsockname()
     logging.getLogger("docker_variant.proxy").info(
-        "variant-proxy %s on %s:%s for %s, cache %s",
+        "variant-proxy %s on %s:%s for %s, cache %s, heads read %s",
         __version__,
         bound[0],
         bound[1],
         upstream,
         "shared (Redis)" if args.cache else "local",
+        "in C" if heads.NATIVE else "by regular expressions (built without a C compiler)",
     )
     try:
         QuietServer(config).run(sockets=[sock])
