@@ -4,9 +4,8 @@
  * built, and tests/test_proxy_heads.py holds this reader to them (and both to httptools)
  * on hand-picked heads and on mutated ones. Each reader walks the head once, left to
  * right, and never reads past the bytes object it was given: every access is behind an
- * index check against its length. Why C: in the running proxy both expressions, and the
- * loop over the request's fields, cost 15-20 us each per request with cold caches, about
- * 12% of the proxy's CPU per manifest GET (bench/README.md). */
+ * index check against its length. Why C: both readers are on every plain read's path, and
+ * the interpreter's cost for them there is mostly cold caches (bench/README.md). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -16,11 +16,10 @@ they came, bytes for bytes; any other answer goes to the parser and the header r
 The expressions have no ambiguous repetition (a header line is a token, a colon, value bytes
 that are never CR or LF, and CRLF), so a match costs time linear in the head's size.
 
-Both readers also exist in C (``_heads.c``, built with the package where a C compiler is):
-in the running proxy each expression and the loop over the request's fields cost 15-20 us
-a request with cold caches, about 12% of its CPU per manifest GET. The expressions here are
-the reference: they serve where the C module was not built (``NATIVE`` says which), and the
-tests hold the C readers to them.
+Both readers also exist in C (``_heads.c``, built with the package where a C compiler is),
+because they are on every plain read's path (what that saves: ``bench/README.md``). The
+expressions here are the reference: they serve where the C module was not built (``NATIVE``
+says which), and the tests hold the C readers to them.
 """
 
 from __future__ import annotations
