@@ -1,10 +1,11 @@
 """Fuzz targets: each takes arbitrary bytes and feeds them to one reader of untrusted input.
 
-The property, for every target: the reader returns (findings, a document) or raises the
+The property, for every target but ``head``: the reader returns (findings, a document) or raises the
 package's own error (a ``DockerVariantError``), never anything else, and stays within an
 operation budget counted in code (bytes and reads of the stream it parses, the tar reader's
 own counters). A target raises ``AssertionError`` (the budget) or lets the stray exception
-through: both are crashes to the fuzzer and failures to pytest.
+through: both are crashes to the fuzzer and failures to pytest. ``head``'s: the proxy's C head
+readers and the regular expressions they stand in for read every input alike.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from docker_variant.contents.walker import merge_layers, scan_layer
 from docker_variant.errors import DockerVariantError
 from docker_variant.jsondoc import load_json
 from docker_variant.oci.reference import parse_reference
+from docker_variant.proxy import heads
 from docker_variant.publish.matrix import parse_matrix
 from docker_variant.variant.index import VariantIndex
 
@@ -107,6 +109,22 @@ def matrix(data: bytes) -> None:
         parse_matrix(_text(data), "fuzz matrix")
 
 
+# the proxy's answer reader as the pool builds it: hop-by-hop names and the rewritten ones kept out
+_KEPT_OUT = frozenset({b"keep-alive", b"te", b"trailer", b"upgrade", b"location", b"link"})
+_ANSWERS = heads.PlainAnswers(_KEPT_OUT)
+_ANSWERS_BY_EXPRESSION = heads.PlainAnswers(_KEPT_OUT, native=False)
+
+
+def head(data: bytes) -> None:
+    """The proxy's head readers (``proxy/_heads.c`` where built) read any bytes exactly as
+    the expressions they stand in for, request and answer, with a body or not."""
+    split = heads.split_request(data)
+    assert split == heads.split_request_by_expression(data), (split, data)
+    for has_body in (True, False):
+        taken = _ANSWERS.take(data, has_body)
+        assert taken == _ANSWERS_BY_EXPRESSION.take_by_expression(data, has_body), (taken, data)
+
+
 TARGETS: dict[str, Target] = {
     "elf": elf,
     "fatbin": fatbin,
@@ -115,5 +133,6 @@ TARGETS: dict[str, Target] = {
     "reference": reference,
     "index": index,
     "matrix": matrix,
+    "head": head,
 }
 CORPUS = Path(__file__).resolve().parent / "corpus"
