@@ -183,7 +183,7 @@ def matches(expression: str, device: Device) -> bool:
 
 # --------------------------------------------------------------------------- NVIDIA products
 
-#: (product, compute capability, architecture), REFERENCE.md "NVIDIA"
+#: (product, compute capability, architecture), as NVIDIA's CUDA GPUs list gives them
 PRODUCTS = {
     "A100": ("NVIDIA A100-SXM4-80GB", (8, 0), "Ampere"),
     "L4": ("NVIDIA L4", (8, 9), "Ada Lovelace"),
@@ -193,7 +193,7 @@ PRODUCTS = {
     "B300": ("NVIDIA B300 SXM6 AC", (10, 3), "Blackwell"),
     "RTX5090": ("NVIDIA GeForce RTX 5090", (12, 0), "Blackwell"),
 }
-#: driver branch -> (driver version, highest CUDA version), REFERENCE.md "NVIDIA"
+#: driver branch -> (driver version, highest CUDA version), from the CUDA release notes
 DRIVERS = {
     "R535": ("535.261.03", (12, 2)),
     "R550": ("550.163.01", (12, 4)),

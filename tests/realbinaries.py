@@ -15,7 +15,7 @@ import pytest
 
 CURAND = "nvidia-curand-cu12==10.3.10.19"
 RUNTIME = "nvidia-cuda-runtime-cu12==12.8.90"
-# What libcurand.so.10 of 10.3.10.19 holds (REFERENCE.md, checked with the parser's dump).
+# What libcurand.so.10 of 10.3.10.19 holds (checked with the parser's dump of the wheel's library).
 CURAND_CUBINS = [(5, 0), (6, 0), (7, 0), (7, 5), (8, 0), (8, 6), (8, 9), (9, 0)]
 CURAND_CUBINS += [(10, 0), (10, 1), (10, 3), (12, 0), (12, 1)]
 CURAND_PTX = [(12, 1)]

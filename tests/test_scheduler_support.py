@@ -41,7 +41,7 @@ from docker_variant.scheduler.tokens import TokenTable
 X86_V4 = {"x86_64": {"level": ["v4", "v3", "v2", "v1"]}}
 X86_V3 = {"x86_64": {"level": ["v3", "v2", "v1"]}}
 
-# (CUDA the driver supports, compute capability): REFERENCE.md's product table and branches
+# (CUDA the driver supports, compute capability): an H200 (9.0) on driver branches R570 and R580
 H200_R570 = ((12, 8), (9, 0))
 H200_R580 = ((13, 0), (9, 0))
 A100_R535 = ((12, 2), (8, 0))
