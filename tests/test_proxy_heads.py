@@ -294,13 +294,16 @@ def test_the_c_readers_are_built_and_serve() -> None:
     expressions without a word) fails here."""
     from docker_variant.proxy import _heads
 
-    assert NATIVE and heads.split_request is _heads.split_request
+    assert NATIVE and heads.split_request is not split_request_by_expression
     assert NATIVE_READERS.plain.take is not NATIVE_READERS.plain.take_by_expression
     assert (_heads.HEAD_LIMIT, _heads.LENGTH_DIGITS) == (HEAD_LIMIT, LENGTH_DIGITS)
     with pytest.raises(TypeError):
-        _heads.split_request(bytearray(REQUEST))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="lower-case"):
-        _heads.answer_reader((b"Link",))
+        heads.split_request(bytearray(REQUEST))  # type: ignore[arg-type]
+    for make_reader in (_heads.request_reader, _heads.answer_reader):
+        with pytest.raises(ValueError, match="lower-case"):
+            make_reader((b"Link",))
+        with pytest.raises(TypeError):
+            make_reader([b"link"])  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         NATIVE_READERS.plain.take(ANSWER)  # type: ignore[call-arg]
 
@@ -309,6 +312,15 @@ def test_the_c_readers_are_built_and_serve() -> None:
 # lengths of every size, the request line's parts
 _WIDE = [b"CONTENT-LENGTH: 12\r\n", b"dAtE: z\r\n", b"TE: x\r\n", b"connection: Keep-Alive\r\n"]
 _WIDE += [b"Expect: a\r\n", b"1" * LENGTH_DIGITS, b"HEAD", b" HTTP/1.1", b"\xff", b"9", b"x:"]
+
+
+def test_every_name_that_makes_a_request_less_plain_is_refused_by_both_readers() -> None:
+    """The C reader takes its names from ``heads`` (one list for both readers)."""
+    for name in heads._NOT_PLAIN - {b"connection"}:
+        for spelled in (name, name.upper()):
+            request = REQUEST.replace(b"User-Agent", spelled + b": x\r\nUser-Agent", 1)
+            assert split_request_by_expression(request) is None, request
+            assert heads.split_request(request) is None, request
 
 
 def test_the_c_readers_agree_with_the_expressions_on_every_mutant() -> None:

@@ -1,11 +1,11 @@
 """Fuzz targets: each takes arbitrary bytes and feeds them to one reader of untrusted input.
 
-The property, for every target but ``head``: the reader returns (findings, a document) or raises the
-package's own error (a ``DockerVariantError``), never anything else, and stays within an
-operation budget counted in code (bytes and reads of the stream it parses, the tar reader's
-own counters). A target raises ``AssertionError`` (the budget) or lets the stray exception
-through: both are crashes to the fuzzer and failures to pytest. ``head``'s: the proxy's C head
-readers and the regular expressions they stand in for read every input alike.
+The property, for every target but ``head``: the reader returns (findings, a document) or
+raises the package's own error (a ``DockerVariantError``), never anything else, and stays
+within an operation budget counted in code (bytes and reads of the stream it parses, the tar
+reader's own counters). A target raises ``AssertionError`` (the budget) or lets the stray
+exception through: both are crashes to the fuzzer and failures to pytest. ``head``'s: the
+proxy's C head readers and the regular expressions they stand in for read every input alike.
 """
 
 from __future__ import annotations

@@ -60,9 +60,22 @@ crlf_at(const unsigned char *s, Py_ssize_t n, Py_ssize_t i)
     return i + 1 < n && s[i] == '\r' && s[i + 1] == '\n';
 }
 
-/* split_request(data) -> (method, target, [(name, value)]) | None: see heads.py */
+/* s[0:n] is one of `names` (a tuple of lower-case bytes), in any case */
+static int
+named(PyObject *names, const unsigned char *s, Py_ssize_t n)
+{
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(names); k++) {
+        PyObject *name = PyTuple_GET_ITEM(names, k);
+        if (same_name(s, n, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name))) return 1;
+    }
+    return 0;
+}
+
+/* request_reader(refused)(data) -> (method, target, [(name, value)]) | None: see
+ * heads.split_request. `refused` (its self) is a tuple of lower-case names that make a
+ * request other than the plainest; Connection is refused unless it is "keep-alive". */
 static PyObject *
-split_request(PyObject *module, PyObject *arg)
+split_request(PyObject *refused, PyObject *arg)
 {
     if (!PyBytes_Check(arg)) {
         PyErr_SetString(PyExc_TypeError, "split_request takes bytes");
@@ -120,14 +133,10 @@ split_request(PyObject *module, PyObject *arg)
             value_end--;
         const unsigned char *v = s + value;
         Py_ssize_t value_len = value_end - value;
-        /* a body, an upgrade, an expectation, a connection not kept alive */
         if (same_name(s + name, name_len, "connection", 10)) {
             if (!same_name(v, value_len, "keep-alive", 10)) goto refused;
         }
-        else if (same_name(s + name, name_len, "content-length", 14) ||
-                 same_name(s + name, name_len, "expect", 6) ||
-                 same_name(s + name, name_len, "transfer-encoding", 17) ||
-                 same_name(s + name, name_len, "upgrade", 7))
+        else if (named(refused, s + name, name_len))
             goto refused;
         PyObject *lowered = PyBytes_FromStringAndSize(NULL, name_len);
         if (lowered == NULL) goto failed;
@@ -162,7 +171,6 @@ take_answer(PyObject *barred, PyObject *const *args, Py_ssize_t nargs)
     if (has_body < 0) return NULL;
     const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(args[0]);
     Py_ssize_t n = PyBytes_GET_SIZE(args[0]), i = 13;
-    Py_ssize_t n_barred = PyTuple_GET_SIZE(barred);
 
     /* an HTTP/1.1 status line of a final status (2xx to 5xx) */
     if (n < 13 || memcmp(s, "HTTP/1.1 ", 9) != 0) Py_RETURN_NONE;
@@ -199,13 +207,8 @@ take_answer(PyObject *barred, PyObject *const *args, Py_ssize_t nargs)
             framed = 1;
             continue;
         }
-        else {
-            for (Py_ssize_t b = 0; b < n_barred; b++) {
-                PyObject *bar = PyTuple_GET_ITEM(barred, b);
-                if (same_name(s + name, name_len, PyBytes_AS_STRING(bar), PyBytes_GET_SIZE(bar)))
-                    Py_RETURN_NONE;
-            }
-        }
+        else if (named(barred, s + name, name_len))
+            Py_RETURN_NONE;
         while (i < n && is_value[s[i]]) i++;
         if (!crlf_at(s, n, i)) Py_RETURN_NONE;
         i += 2;
@@ -217,37 +220,55 @@ take_answer(PyObject *barred, PyObject *const *args, Py_ssize_t nargs)
     return Py_BuildValue("(ln)", status, end);
 }
 
+static PyMethodDef split_request_def = {
+    "split_request", split_request, METH_O,
+    "split_request(data) -> (method, target, fields) | None"};
+
 static PyMethodDef take_answer_def = {
     "take", (PyCFunction)(void (*)(void))take_answer, METH_FASTCALL,
     "take(data, has_body) -> (status, head_end) | None"};
+
+/* `def` bound to `names`, a tuple of lower-case header names (checked here, once) */
+static PyObject *
+reader(PyMethodDef *def, PyObject *names)
+{
+    if (!PyTuple_Check(names)) {
+        PyErr_Format(PyExc_TypeError, "%s: a reader takes a tuple of bytes", def->ml_name);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(names); k++) {
+        PyObject *name = PyTuple_GET_ITEM(names, k);
+        if (!PyBytes_Check(name)) {
+            PyErr_Format(PyExc_TypeError, "%s: a reader takes a tuple of bytes", def->ml_name);
+            return NULL;
+        }
+        const char *text = PyBytes_AS_STRING(name);
+        for (Py_ssize_t c = 0; c < PyBytes_GET_SIZE(name); c++)
+            if (text[c] >= 'A' && text[c] <= 'Z') {
+                PyErr_Format(PyExc_ValueError, "%s: a reader takes lower-case names, got %R",
+                             def->ml_name, name);
+                return NULL;
+            }
+    }
+    return PyCFunction_New(def, names);
+}
+
+/* request_reader(refused) -> split_request, for those lower-case names */
+static PyObject *
+request_reader(PyObject *module, PyObject *arg)
+{
+    return reader(&split_request_def, arg);
+}
 
 /* answer_reader(barred) -> take: PlainAnswers.take for those lower-case names */
 static PyObject *
 answer_reader(PyObject *module, PyObject *arg)
 {
-    if (!PyTuple_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "answer_reader takes a tuple of bytes");
-        return NULL;
-    }
-    for (Py_ssize_t b = 0; b < PyTuple_GET_SIZE(arg); b++) {
-        PyObject *bar = PyTuple_GET_ITEM(arg, b);
-        if (!PyBytes_Check(bar)) {
-            PyErr_SetString(PyExc_TypeError, "answer_reader takes a tuple of bytes");
-            return NULL;
-        }
-        const char *text = PyBytes_AS_STRING(bar);
-        for (Py_ssize_t k = 0; k < PyBytes_GET_SIZE(bar); k++)
-            if (text[k] >= 'A' && text[k] <= 'Z') {
-                PyErr_SetString(PyExc_ValueError, "answer_reader takes lower-case names");
-                return NULL;
-            }
-    }
-    return PyCFunction_New(&take_answer_def, arg);
+    return reader(&take_answer_def, arg);
 }
 
 static PyMethodDef methods[] = {
-    {"split_request", split_request, METH_O,
-     "split_request(data) -> (method, target, fields) | None"},
+    {"request_reader", request_reader, METH_O, "request_reader(refused) -> split_request"},
     {"answer_reader", answer_reader, METH_O, "answer_reader(barred) -> take"},
     {NULL, NULL, 0, NULL},
 };

@@ -4,7 +4,9 @@ from collections.abc import Callable
 HEAD_LIMIT: int
 LENGTH_DIGITS: int
 
-def split_request(data: bytes, /) -> tuple[str, bytes, list[tuple[bytes, bytes]]] | None: ...
+def request_reader(
+    refused: tuple[bytes, ...], /
+) -> Callable[[bytes], tuple[str, bytes, list[tuple[bytes, bytes]]] | None]: ...
 def answer_reader(
     barred: tuple[bytes, ...], /
 ) -> Callable[[bytes, bool], tuple[int, int] | None]: ...

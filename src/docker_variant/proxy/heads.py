@@ -84,7 +84,9 @@ def split_request_by_expression(data: bytes) -> Split | None:
 
 
 split_request: Callable[[bytes], Split | None] = (
-    split_request_by_expression if _native is None else _native.split_request
+    split_request_by_expression
+    if _native is None
+    else _native.request_reader(tuple(sorted(_NOT_PLAIN - {b"connection"})))
 )
 
 
