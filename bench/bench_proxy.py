@@ -3,8 +3,8 @@
 Run: .venv/bin/python bench/bench_proxy.py
 - blob pull of 256 MiB with curl, direct vs through the proxy (throughput ratio, median of 5,
   direct and proxied pulls taking turns), and the proxy's CPU per blob (utime + stime of the
-  proxy process, from /proc/PID/stat); beside the default relay (splice), proxies started
-  with `--blob-relay copy` and `--blob-relay asgi`, so the designs compare in one run, and a
+  proxy process, from /proc/PID/stat); beside the default relay (copy), proxies started
+  with `--blob-relay splice` and `--blob-relay asgi`, so the designs compare in one run, and a
   bare TCP relay (no HTTP): what any relay can reach on this machine
 - manifest GET and HEAD latency, direct vs proxy vs nginx (Debian's nginx-light, a plain
   `proxy_pass` in front of the same registry) vs a bare relay on uvloop (no HTTP: what a
@@ -27,7 +27,9 @@ the thread relay with splice ran at 0.72-0.85 of direct at 80-90 ms of proxy CPU
 blob, the thread with a reused buffer 0.64-0.72 at 120-140 ms, uvicorn's ASGI body path
 0.52-0.56 at 210-250 ms; a 4 MiB buffer or a 256 KiB pipe measured no better; a bare TCP
 relay without HTTP measured the same as the thread relays (0.67-0.80 against 0.67-0.84), so
-what is left to direct is the second loopback hop itself. uvicorn's own body path reads
+what is left to direct is the second loopback hop itself. Later runs (a newer kernel) put the
+thread with a reused buffer ahead of splice and at the bare relay's speed, so it became the
+default (bench/README.md). uvicorn's own body path reads
 256,000 bytes per chunk into fresh bytes (some 14,700 page faults per 256 MiB blob), which
 kept the proxy at 0.51-0.87 of direct before the socket handoff. Reads through httpx cost the
 proxy 1.8 ms of CPU per manifest GET against 0.8 ms over raw connections (0.42-0.52 ms when
@@ -62,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "devtools"))
 import devstack
 from docker_variant.oci.client import RegistryClient
 from docker_variant.oci.scan import scan_index
+from docker_variant.proxy.blobrelay import DEFAULT_RELAY_MODE, RELAY_MODES
 from docker_variant.proxy.names import PathError, parse_v2_path
 from docker_variant.proxy.passthrough import REQUEST_DROP_RAW, RESPONSE_DROP_RAW
 from imaging import OCI_MANIFEST, push_blob, push_manifest, raw_manifest
@@ -509,7 +512,7 @@ def blob_table(
             f"proxy CPU per blob {used:4.0f} ms ({min(cpu[mode]) * 1e3:.0f}-"
             f"{max(cpu[mode]) * 1e3:.0f}, utime+stime)"
         )
-        if mode == "splice":  # the default: the one the aim is about
+        if mode == DEFAULT_RELAY_MODE:  # the one the aim is about
             line += f"   aim >= {BLOB_AIM}: {verdict(ratio >= BLOB_AIM)}"
         print(line)
 
@@ -545,9 +548,10 @@ def main() -> None:
         del blob
         path = f"/v2/bench/blob/blobs/{digest}"
         if not args.no_blobs:
-            # the proxy as it runs by default (splice), and the other relay designs beside it
-            proxies = {"splice": proxy}
-            for mode in ("copy", "asgi"):
+            # the proxy as it runs by default, and the other relay designs beside it
+            proxies = {DEFAULT_RELAY_MODE: proxy}
+            others = [mode for mode in RELAY_MODES if mode != DEFAULT_RELAY_MODE]
+            for mode in others:
                 proxies[mode] = devstack.start_proxy(
                     registry.url, stack.root / f"proxy-{mode}", extra=["--blob-relay", mode]
                 )
@@ -555,7 +559,7 @@ def main() -> None:
             try:
                 blob_table(registry.url, path, proxies, blob_mib, rounds)
             finally:
-                for mode in ("copy", "asgi", "tcp"):
+                for mode in (*others, "tcp"):
                     proxies[mode].stop()
 
         accept = {"Accept": OCI_MANIFEST}

@@ -28,7 +28,7 @@ from docker_variant.proxy.app import (
     check_upstream_url,
     create_app,
 )
-from docker_variant.proxy.blobrelay import RELAY_MODES
+from docker_variant.proxy.blobrelay import DEFAULT_RELAY_MODE, RELAY_MODES
 from docker_variant.proxy.handoff import HandoffHttpToolsProtocol
 from docker_variant.proxy.metrics import AccessLines
 from docker_variant.server.logs import configure_logging
@@ -104,9 +104,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--blob-relay",
         choices=RELAY_MODES,
-        default=RELAY_MODES[0],
-        help="how large blob bodies go down: a thread splicing the sockets (default), a "
-        "thread copying through one buffer, or ASGI messages (TLS listeners always stream)",
+        default=DEFAULT_RELAY_MODE,
+        help="how large blob bodies go down: a thread copying through one buffer (default), "
+        "a thread splicing the sockets, or ASGI messages (TLS listeners always stream)",
     )
     add_tls_arguments(parser, client_ca=False)
     add_version_argument(parser)

@@ -22,7 +22,7 @@ from docker_variant.jsondoc import load_json
 from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.grammar import name_problem
 from docker_variant.openapi import document as openapi_document
-from docker_variant.proxy.blobrelay import RELAY_MODES
+from docker_variant.proxy.blobrelay import DEFAULT_RELAY_MODE, RELAY_MODES
 from docker_variant.proxy.cache import open_store
 from docker_variant.proxy.handoff import QuickCycle, QuickReads
 from docker_variant.proxy.metrics import (
@@ -88,7 +88,7 @@ def create_app(
     max_connections: int = 256,
     cache_url: str | None = None,
     notify_secret: str | None = None,
-    blob_relay: str = RELAY_MODES[0],
+    blob_relay: str = DEFAULT_RELAY_MODE,
     access_lines: AccessLines | None = None,
 ) -> Starlette:
     """The proxy for ``upstream_url``; ``cache_ttl`` bounds how stale an index may be

@@ -3,9 +3,12 @@
 A body of ``THREAD_RELAY_MIN`` bytes or more with a ``Content-Length`` (blob layers) is
 relayed by a thread of its own from the upstream socket to the client's socket (lent by
 uvicorn, see ``handoff``), blocking, so a slow client holds back the upstream through the
-kernel's socket buffers; per blob the proxy holds one 1 MiB pipe (or buffer), never more.
-The thread ``splice``s the bytes through a pipe, so they never enter the process; where the
-kernel cannot splice, it copies through one reused 1 MiB buffer (``recv_into``/``send``).
+kernel's socket buffers; per blob the proxy holds one 1 MiB buffer (or pipe), never more.
+The thread copies through one reused 1 MiB buffer (``recv_into``/``send``). It can
+``splice`` the bytes through a pipe instead, so that they never enter the process: that
+costs the proxy half the CPU, but the blob arrives later (``bench/README.md``), so it is
+an option (``--blob-relay splice``), not the default; where the kernel cannot splice, that
+thread copies as well.
 
 Bytes are relayed exactly as the upstream sent them (``Content-Length`` of them, no more),
 and the designs are interchangeable (``RELAY_MODES``; their speeds are in
@@ -43,6 +46,7 @@ from docker_variant.proxy.metrics import RELAY_MODE, RELAYED_BYTES
 from docker_variant.proxy.upstreampool import Answer
 
 __all__ = [
+    "DEFAULT_RELAY_MODE",
     "RELAY_MODES",
     "STALL_LIMIT_S",
     "THREAD_RELAY_MIN",
@@ -53,10 +57,11 @@ __all__ = [
 log = logging.getLogger("docker_variant.proxy")
 
 THREAD_RELAY_MIN = 256 << 10  # smaller bodies are not worth a thread
-# How large bodies go down (``variant-proxy --blob-relay``): a thread splicing, a thread
-# copying through its buffer, or ASGI messages (no thread), so that the designs can be
+# How large bodies go down (``variant-proxy --blob-relay``): a thread copying through its
+# buffer, a thread splicing, or ASGI messages (no thread), so that the designs can be
 # compared side by side on any machine (bench/bench_proxy.py runs all three).
-RELAY_MODES = ("splice", "copy", "asgi")
+RELAY_MODES = ("copy", "splice", "asgi")
+DEFAULT_RELAY_MODE = "copy"  # the fastest of them where it was measured
 STALL_LIMIT_S = 300  # a client that takes no byte for this long is dropped
 _BUFFER_SIZE = 1 << 20  # the copy buffer, and the pipe between spliced sockets
 _SPLICE = hasattr(os, "splice") and hasattr(fcntl, "F_SETPIPE_SZ")
@@ -230,7 +235,7 @@ class RelayedResponse(Response):
         answer: Answer,
         headers: list[tuple[bytes, bytes]],
         what: str,
-        mode: str = RELAY_MODES[0],
+        mode: str = DEFAULT_RELAY_MODE,
     ) -> None:
         self.mode = mode
         self.status_code = answer.status

@@ -31,7 +31,11 @@ from docker_variant.errors import one_line
 from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.http import USER_AGENT, async_client, async_transport, system_tls
 from docker_variant.oci.mediatypes import MANIFEST_ACCEPT
-from docker_variant.proxy.blobrelay import RELAY_MODES, RelayedResponse, cancel_on_disconnect
+from docker_variant.proxy.blobrelay import (
+    DEFAULT_RELAY_MODE,
+    RelayedResponse,
+    cancel_on_disconnect,
+)
 from docker_variant.proxy.handoff import socket_handoff
 from docker_variant.proxy.metrics import Sent, http_date
 from docker_variant.proxy.names import Route, RouteKind
@@ -230,7 +234,7 @@ class Upstream:
         timeout: float = 30.0,
         connect_timeout: float = 10.0,
         max_connections: int = 256,
-        blob_relay: str = RELAY_MODES[0],
+        blob_relay: str = DEFAULT_RELAY_MODE,
     ) -> None:
         self.blob_relay = blob_relay
         self.base_url = base_url.rstrip("/")
