@@ -25,16 +25,16 @@ Run: .venv/bin/python bench/bench_proxy.py
 Design notes, measured with this script (issue 8, 2 shared cores; the README has the tables):
 the thread relay with splice ran at 0.72-0.85 of direct at 80-90 ms of proxy CPU per 256 MiB
 blob, the thread with a reused buffer 0.64-0.72 at 120-140 ms, uvicorn's ASGI body path
-0.52-0.56 at 210-250 ms; a 4 MiB buffer or a 256 KiB pipe measured no better; a bare TCP
-relay without HTTP measured the same as the thread relays (0.67-0.80 against 0.67-0.84), so
-what is left to direct is the second loopback hop itself. Later runs (a newer kernel) put the
-thread with a reused buffer ahead of splice and at the bare relay's speed, so it became the
-default (bench/README.md). uvicorn's own body path reads
-256,000 bytes per chunk into fresh bytes (some 14,700 page faults per 256 MiB blob), which
-kept the proxy at 0.51-0.87 of direct before the socket handoff. Reads through httpx cost the
-proxy 1.8 ms of CPU per manifest GET against 0.8 ms over raw connections (0.42-0.52 ms when
-quieter), part of it a failed `import sniffio` inside httpcore, about 43 us five times a
-request. The JSON access log through `logging` was about 22% of a manifest GET's proxy time.
+0.52-0.56 at 210-250 ms; a 4 MiB buffer or a 256 KiB pipe measured no better; a bare TCP relay
+without HTTP measured the same as the thread relays (0.67-0.80 against 0.67-0.84), so what is
+left to direct is the second loopback hop itself. Later runs (a newer kernel) put the thread
+with a reused buffer ahead of splice and at the bare relay's speed, so it became the default
+(bench/README.md). uvicorn's own body path reads 256,000 bytes per chunk into fresh bytes (some
+14,700 page faults per 256 MiB blob), which kept the proxy at 0.51-0.87 of direct before the
+socket handoff. Reads through httpx cost the proxy 1.8 ms of CPU per manifest GET against 0.8 ms
+over raw connections (0.42-0.52 ms when quieter), part of it a failed `import sniffio` inside
+httpcore, about 43 us five times a request. The JSON access log through `logging` was about 22%
+of a manifest GET's proxy time.
 """
 
 from __future__ import annotations
