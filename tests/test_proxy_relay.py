@@ -43,6 +43,24 @@ def proxy(
 
 
 @pytest.fixture(scope="module")
+def splice_proxy(
+    registry: RunningRegistry, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[devstack.Service]:
+    """A proxy that splices blob bodies (``--blob-relay splice``) instead of copying them."""
+    service = devstack.start_proxy(
+        registry.url,
+        tmp_path_factory.mktemp("relay-splice-proxy"),
+        extra=["--log-level", "warning", "--blob-relay", "splice"],
+    )
+    yield service
+    service.stop()
+
+
+# the default relay (copy) and the splicing one, for the tests of hang-ups and back pressure
+RELAYS = ["proxy", "splice_proxy"]
+
+
+@pytest.fixture(scope="module")
 def big_blob(registry: RunningRegistry) -> tuple[str, bytes]:
     data = os.urandom(BIG)
     digest = push_blob(registry.url, "relay/blobs", data)
@@ -256,9 +274,14 @@ def test_keep_alive_after_a_relayed_blob(
         client.close()
 
 
+@pytest.mark.parametrize("relay", RELAYS)
 def test_client_hanging_up_mid_blob_leaks_nothing(
-    proxy: devstack.Service, registry: RunningRegistry, big_blob: tuple[str, bytes]
+    relay: str,
+    request: pytest.FixtureRequest,
+    registry: RunningRegistry,
+    big_blob: tuple[str, bytes],
 ) -> None:
+    proxy: devstack.Service = request.getfixturevalue(relay)
     digest, _ = big_blob
     pid = proxy.process.pid
     upstream_port = int(registry.host.split(":")[1])
@@ -280,7 +303,8 @@ def test_client_hanging_up_mid_blob_leaks_nothing(
     )
 
 
-def test_client_hanging_up_while_the_upstream_is_silent(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["copy", "splice"])
+def test_client_hanging_up_while_the_upstream_is_silent(tmp_path: Path, mode: str) -> None:
     """The upstream sends a part of the body, then nothing: a caller that hangs up still
     gets the upstream connection closed (the relay looks at the client while it waits)."""
     upstream_closed = threading.Event()
@@ -309,7 +333,9 @@ def test_client_hanging_up_while_the_upstream_is_silent(tmp_path: Path) -> None:
 
     server = threading.Thread(target=serve, daemon=True)
     server.start()
-    proxy = devstack.start_proxy(f"http://127.0.0.1:{port}", tmp_path / "proxy")
+    proxy = devstack.start_proxy(
+        f"http://127.0.0.1:{port}", tmp_path / "proxy", extra=["--blob-relay", mode]
+    )
     try:
         threads = _threads(proxy.process.pid)
         client = RawClient(proxy.address)
@@ -325,10 +351,14 @@ def test_client_hanging_up_while_the_upstream_is_silent(tmp_path: Path) -> None:
         listener.close()
 
 
+@pytest.mark.parametrize("relay", RELAYS)
 def test_slow_reader_gets_back_pressure_not_buffering(
-    proxy: devstack.Service, big_blob: tuple[str, bytes]
+    relay: str, request: pytest.FixtureRequest, big_blob: tuple[str, bytes]
 ) -> None:
-    digest, _ = big_blob
+    proxy: devstack.Service = request.getfixturevalue(relay)
+    mode = "splice" if relay == "splice_proxy" else "copy"
+    digest, data = big_blob
+    relayed = _relayed_bytes(proxy, mode)
     pid = proxy.process.pid
     rss_before = _rss_kib(pid)
     peak = rss_before
@@ -354,6 +384,7 @@ def test_slow_reader_gets_back_pressure_not_buffering(
         client.close()
     # a 48 MiB blob to a slow reader: the proxy holds a buffer or two, never the blob
     assert (peak - rss_before) * 1024 < 16 << 20, (rss_before, peak)
+    assert _relayed_bytes(proxy, mode) - relayed == len(data)  # by the relay under test
 
 
 def test_concurrent_big_blob_pulls(proxy: devstack.Service, registry: RunningRegistry) -> None:
