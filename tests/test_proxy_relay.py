@@ -56,8 +56,9 @@ def splice_proxy(
     service.stop()
 
 
-# the default relay (copy) and the splicing one, for the tests of hang-ups and back pressure
-RELAYS = ["proxy", "splice_proxy"]
+# the proxy fixture of each thread relay -> its relay mode (the default, copy, and splice), for
+# the tests of hang-ups and back pressure
+RELAYS = {"proxy": "copy", "splice_proxy": "splice"}
 
 
 @pytest.fixture(scope="module")
@@ -356,7 +357,7 @@ def test_slow_reader_gets_back_pressure_not_buffering(
     relay: str, request: pytest.FixtureRequest, big_blob: tuple[str, bytes]
 ) -> None:
     proxy: devstack.Service = request.getfixturevalue(relay)
-    mode = "splice" if relay == "splice_proxy" else "copy"
+    mode = RELAYS[relay]
     digest, data = big_blob
     relayed = _relayed_bytes(proxy, mode)
     pid = proxy.process.pid
