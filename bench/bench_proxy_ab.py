@@ -4,9 +4,10 @@ Run: .venv/bin/python bench/bench_proxy_ab.py [REV ...] [--rounds N] [--turns N]
      [--tiny]
 - each REV (a commit, a branch, a tag; ``.`` for the working tree; a folder holding a built
   ``docker_variant`` package; default: ``HEAD .``) is exported with ``git archive REV``, its
-  C extensions built in place where it has a ``setup.py``, and started as a ``variant-proxy`` of its own (this interpreter, that tree first on
-  ``PYTHONPATH``, this venv's packages behind it) in front of one registry, beside the bare
-  uvloop relay of ``bench_proxy.py``
+  C extensions built in place where it has a ``setup.py``, and started as a
+  ``variant-proxy`` of its own (this interpreter, that tree first on ``PYTHONPATH``, this
+  venv's packages behind it) in front of one registry, beside the bare uvloop relay of
+  ``bench_proxy.py``
 - manifest GETs take turns between direct, every proxy and the relay, in an order that
   rotates every turn, as in ``bench_proxy.py``; each round prints every server's median over
   direct and its CPU per GET, and the last line each proxy's CPU against the first REV's;
