@@ -5,14 +5,12 @@ descriptors, upstream connections, memory) can be read from /proc/PID."""
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import hashlib
 import os
 import re
+import select
 import socket
 import ssl
-import struct
-import termios
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -131,14 +129,19 @@ def _settles(check: Callable[[], bool]) -> bool:
     return settles(check, SETTLE_S)
 
 
-# bytes in a 64 KiB receive buffer that count as full: the window the kernel advertises for
-# it lets about 29 KiB of copied segments queue (spliced ones queue more)
-_SLOW_READER_FULL = 16 << 10
+_SLOW_READER_BUFFER = 64 << 10  # the slow reader's receive buffer
 
 
-def _queued(sock: socket.socket) -> int:
-    """Bytes waiting in the socket's receive queue."""
-    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+def _wait_until_full(sock: socket.socket, left: int) -> bool:
+    """Waits until the kernel reports ``sock``'s receive buffer full: with SO_RCVLOWAT at the
+    buffer's size, it becomes readable once that much is queued, or earlier once the window
+    it advertised is spent (then the sender is held back by this reader). The kernel decides,
+    so how many bytes that takes (segment sizes, window scaling) is not this test's guess.
+    False if nothing came within SETTLE_S."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, min(left, _SLOW_READER_BUFFER))
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(SETTLE_S * 1000))
 
 
 def _relayed_bytes(proxy: devstack.Service, mode: str | None = None) -> float:
@@ -370,12 +373,12 @@ def test_slow_reader_gets_back_pressure_not_buffering(
         reads += 1
         if reads % 16 == 0:
             peak = max(peak, _rss_kib(pid))
-        # a slow reader: it reads again only once the kernel's receive buffer is full, so
-        # the proxy is held back at every read
-        wanted = min(left, _SLOW_READER_FULL)
-        assert settles(lambda: _queued(client.sock) >= wanted, SETTLE_S), "the proxy stalled"
+        # a slow reader: it reads again only once its receive buffer is full, so the proxy
+        # is held back at every read
+        if left:
+            assert _wait_until_full(client.sock, left), "the proxy stalled"
 
-    client = RawClient(proxy.address, rcvbuf=64 << 10)
+    client = RawClient(proxy.address, rcvbuf=_SLOW_READER_BUFFER)
     try:
         client.request(f"/v2/relay/blobs/blobs/{digest}")
         status, headers = client.head()
