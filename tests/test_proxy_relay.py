@@ -135,9 +135,10 @@ _SLOW_READER_BUFFER = 64 << 10  # the slow reader's receive buffer
 def _wait_until_full(sock: socket.socket, left: int) -> bool:
     """Waits until the kernel reports ``sock``'s receive buffer full: with SO_RCVLOWAT at the
     buffer's size, it becomes readable once that much is queued, or earlier once the window
-    it advertised is spent (then the sender is held back by this reader). The kernel decides,
-    so how many bytes that takes (segment sizes, window scaling) is not this test's guess.
-    False if nothing came within SETTLE_S."""
+    it advertised is spent or its memory is short (the sender is then held back by this
+    reader; Linux 5.10 and later wake a reader for both). The kernel decides, so how many
+    bytes that takes (segment sizes, window scaling) is not this test's guess. False if
+    nothing came within SETTLE_S."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, min(left, _SLOW_READER_BUFFER))
     poller = select.poll()
     poller.register(sock, select.POLLIN)
