@@ -308,7 +308,7 @@ def test_client_hanging_up_mid_blob_leaks_nothing(
     )
 
 
-@pytest.mark.parametrize("mode", ["copy", "splice"])
+@pytest.mark.parametrize("mode", RELAYS.values())
 def test_client_hanging_up_while_the_upstream_is_silent(tmp_path: Path, mode: str) -> None:
     """The upstream sends a part of the body, then nothing: a caller that hangs up still
     gets the upstream connection closed (the relay looks at the client while it waits)."""
