@@ -128,6 +128,14 @@ def test_resolve_and_ls_with_index(files: dict[str, str], tmp_path: Path) -> Non
     row = next(line for line in human.stdout.splitlines() if "cuda_version_lower_bound" in line)
     after = human.stdout.splitlines()[human.stdout.splitlines().index(row) + 1]
     assert "nvidia :: sm_arch ::" in after
+    # in a pipe a row is one line, however long: a reason is found whole, beside its tag
+    row = next(line for line in human.stdout.splitlines() if "sm100" in line)
+    assert "1.0.0-sm100" in row and reasons["sm100"] in row
+    assert any(reasons["1.0.0-bad"] in line for line in human.stdout.splitlines())
+    narrow = run_cli(
+        "ls", "--index", files["index"], "--providers-file", files["h200"], env={"COLUMNS": "60"}
+    )
+    assert not any(reasons["sm100"] in line for line in narrow.stdout.splitlines())
 
 
 def test_no_compatible_variant_exits_1_with_every_reason(

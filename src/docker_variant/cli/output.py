@@ -25,21 +25,34 @@ __all__ = [
 ]
 
 
-@functools.cache
-def stdout_console() -> Console:
-    """rich's console for tables, made on first use (rich.console costs ~15 ms to import).
-    Without emoji codes: none is meant, and their table costs 5 to 12 ms more to load."""
+# The width a table gets in a pipe or a log: none to fit, so no cell is cut over lines.
+_UNBOUNDED_WIDTH = 1 << 14
+
+
+def _console(stderr: bool) -> Console:
+    """rich's console, made on first use (rich.console costs ~15 ms to import). Without
+    emoji codes: none is meant, and their table costs 5 to 12 ms more to load. On a
+    terminal, tables fit its width; elsewhere (a pipe, a log, a test) a row is one line
+    however long, so that grep finds a whole reason or property (rich would fold them at
+    80 columns), unless ``COLUMNS`` says otherwise."""
     from rich.console import Console
 
-    return Console(soft_wrap=True, emoji=False)
+    console = Console(stderr=stderr, soft_wrap=True, emoji=False)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console.width = _UNBOUNDED_WIDTH
+    return console
+
+
+@functools.cache
+def stdout_console() -> Console:
+    """The console for tables."""
+    return _console(stderr=False)
 
 
 @functools.cache
 def stderr_console() -> Console:
-    """rich's console for progress bars and the tables that go with errors."""
-    from rich.console import Console
-
-    return Console(stderr=True, soft_wrap=True, emoji=False)
+    """The console for progress bars and the tables that go with errors."""
+    return _console(stderr=True)
 
 
 def emit_json(data: Any) -> None:
