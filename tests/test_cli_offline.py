@@ -201,6 +201,22 @@ def test_bad_input_exits_2(files: dict[str, str], tmp_path: Path) -> None:
     assert_one_line_error(run_cli("nosuchcommand"), 2, "nosuchcommand")
 
 
+def test_pull_checks_its_own_input_before_the_engine(files: dict[str, str], tmp_path: Path) -> None:
+    """Bad input to pull is exit 2 on a host without a Docker engine too; only good input
+    goes on to find the engine missing (exit 3)."""
+    gone = {"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    pull = ("pull", "127.0.0.1:1/app:1.0.0")
+    for extra, needle in (
+        (("--providers-file", str(tmp_path / "nope.json")), "nope.json"),
+        (("--providers-file", files["h200"], "--platform", "linux"), "'linux'"),
+        (("--providers-file", files["h200"], "--gpus", "device=x"), "device=x"),
+        (("--providers-file", files["h200"], "--index", str(tmp_path / "no.json")), "no.json"),
+    ):
+        assert_one_line_error(run_cli(*pull, *extra, env=gone, tmp=tmp_path), 2, needle)
+    result = run_cli(*pull, "--index", files["index"], "--providers-file", files["h200"], env=gone)
+    assert_one_line_error(result, 3, "no-engine.sock")
+
+
 def test_labels_prints_build_args_and_rejects_bad_properties() -> None:
     result = run_cli(
         "labels",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -16,14 +16,19 @@ from docker_variant.render import selection_json, selection_table
 from docker_variant.safetext import safe_text
 from docker_variant.variant import Candidate, Selection, VariantIndex, select
 
+if TYPE_CHECKING:
+    from docker_variant.variant.model import SupportedLists
+    from docker_variant.variant.platform import Platform
+
 __all__ = [
+    "HostChoice",
     "Target",
+    "host_choice",
     "load_index",
     "ls_",
     "pull",
     "report_no_match",
     "resolve",
-    "select_for_host",
     "target_of",
 ]
 
@@ -70,11 +75,24 @@ def target_of(ref: str | None, index: str | None) -> Target:
     return Target(variant_index, reference)
 
 
-def select_for_host(
-    opts: Options, target: Target, platform: str | None, gpus: str | None = None
-) -> Selection:
-    """The selection for this host; with ``--gpus``, for exactly those devices (a variant
-    fits only if every chosen device runs it); without, on the host's aggregate lists, each
+@dataclass(frozen=True)
+class HostChoice:
+    """What a selection is made for, read from the local inputs alone (``--platform``,
+    ``--gpus``, the providers or a providers file): bad input there is exit 2 before any
+    registry or engine is asked anything."""
+
+    platform: Platform
+    lists: SupportedLists  # what the selection ranks by
+    devices: dict[str, SupportedLists]  # each device's lists, named as --gpus numbers them
+    every_device: bool  # --gpus chose the devices: a variant must fit each of them
+
+    def select(self, index: VariantIndex) -> Selection:
+        return select(index, self.lists, self.platform, self.devices, self.every_device)
+
+
+def host_choice(opts: Options, platform: str | None, gpus: str | None = None) -> HostChoice:
+    """The host a selection is for; with ``--gpus``, exactly those devices (a variant fits
+    only if every chosen device runs it); without, the host's aggregate lists, each
     candidate saying whether it fits only some of the devices."""
     from docker_variant.providers.gpus import all_devices, choose_devices, parse_gpus
     from docker_variant.variant.platform import Platform, host_platform
@@ -85,9 +103,9 @@ def select_for_host(
     request = parse_gpus(gpus) if gpus is not None else None  # bad syntax before detection
     report = opts.host()
     if request is None:
-        return select(target.index, report.host, chosen, all_devices(report))
+        return HostChoice(chosen, report.host, all_devices(report), every_device=False)
     devices = choose_devices(report, request, gpus or "")
-    return select(target.index, devices.host, chosen, devices.devices, every_device=True)
+    return HostChoice(chosen, devices.host, devices.devices, every_device=True)
 
 
 def _devices_notes(selection: Selection) -> dict[str, str]:
@@ -113,7 +131,7 @@ def _selection(
     """What ``ls`` and ``resolve`` show: the options, the index and its selection."""
     opts = options_of(ctx)
     target = target_of(ref, index)
-    return opts, target, select_for_host(opts, target, platform, gpus)
+    return opts, target, host_choice(opts, platform, gpus).select(target.index)
 
 
 def ls_(
@@ -187,6 +205,9 @@ def pull(
     reference = parse_reference(ref)
     if reference.tag is None or reference.digest is not None:
         raise InvalidInputError(f"{ref}: pull needs registry/name:version (a tag, no digest)")
+    # every local input first: bad input is exit 2 whether or not an engine is there
+    choice = host_choice(opts, platform, gpus)
+    local = Target(load_index(index), reference) if index else None
     engine = None
     if not dry_run:  # the engine client only when there is something to pull
         from docker_variant.docker.engine import Engine
@@ -195,8 +216,8 @@ def pull(
     try:
         if engine is not None:
             engine.ping()  # fail fast, before any registry traffic
-        target = Target(load_index(index), reference) if index else target_of(ref, None)
-        selection = select_for_host(opts, target, platform, gpus)
+        target = local or target_of(ref, None)
+        selection = choice.select(target.index)
         best = selection.best
         if best is None:
             if not opts.json:
