@@ -188,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         host, port = parse_listen(args.listen)
         tls = tls_options(args)
         tokens = load_tokens(Path(args.tokens)) if args.tokens else None
+        for warning in tokens.warnings if tokens is not None else ():
+            sys.stderr.write(f"variant-scheduler: warning: {warning}\n")
         registries = [check_registry(r) for r in args.registry]
         if tokens is None and not is_loopback(host):
             raise InvalidInputError(

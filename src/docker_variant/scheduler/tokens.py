@@ -18,7 +18,9 @@ sha256 = "..."
 ```
 
 Tokens are kept as SHA-256 digests and compared in constant time (``hmac.compare_digest``
-against every entry), and never logged.
+against every entry), and never logged. A literal token shorter than 16 characters is taken,
+with a warning at start-up: how strong a token must be is the operator's call, and the same
+token given by its ``sha256`` could not be measured at all.
 """
 
 from __future__ import annotations
@@ -61,8 +63,11 @@ ANONYMOUS = Principal("admin", "anonymous")
 
 
 class TokenTable:
-    def __init__(self, entries: Iterable[tuple[bytes, Principal]]) -> None:
+    def __init__(
+        self, entries: Iterable[tuple[bytes, Principal]], warnings: Iterable[str] = ()
+    ) -> None:
         self._entries = list(entries)
+        self.warnings = list(warnings)  # said once at start-up (short literal tokens)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -87,7 +92,12 @@ def load_tokens(path: Path) -> TokenTable:
     digests = [d for d, _ in entries]
     if len(set(digests)) != len(digests):
         raise InvalidInputError(f"{where}: the same token appears twice")
-    return TokenTable(entries)
+    short = [
+        f"{where}: token[{i}] has fewer than {_MIN_TOKEN} characters, easy to guess"
+        for i, item in enumerate(raw, start=1)
+        if isinstance(item.get("token"), str) and len(item["token"]) < _MIN_TOKEN
+    ]
+    return TokenTable(entries, short)
 
 
 def _entry(item: object, where: str) -> tuple[bytes, Principal]:
@@ -103,8 +113,8 @@ def _entry(item: object, where: str) -> tuple[bytes, Principal]:
         raise InvalidInputError(f"{where}: give exactly one of token or sha256")
     if "token" in item:
         token = item["token"]
-        if not isinstance(token, str) or len(token) < _MIN_TOKEN:
-            raise InvalidInputError(f"{where}: token must be at least {_MIN_TOKEN} characters")
+        if not isinstance(token, str) or not token:
+            raise InvalidInputError(f"{where}: token must be a non-empty string")
         digest = hashlib.sha256(token.encode()).digest()
     else:
         hexed = item["sha256"]
