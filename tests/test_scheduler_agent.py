@@ -44,7 +44,7 @@ from docker_variant.agent.node import (
     jittered,
 )
 from docker_variant.errors import InvalidInputError
-from docker_variant.providers import nvidia
+from docker_variant.providers import HostReport, nvidia
 from docker_variant.scheduler import Store
 from docker_variant.scheduler.__main__ import main
 from docker_variant.scheduler.tokens import load_tokens
@@ -349,6 +349,11 @@ def test_providers_file_shapes(tmp_path: Path) -> None:
     report.write_text(json.dumps(body))
     with pytest.raises(InvalidInputError, match="capacity names cuda/GPU-7, no device"):
         read_agent_providers_file(report)
+    # what `providers --devices --json` prints (its "sources" too), with capacity added
+    printed = HostReport(X86_V3, {"cuda": {"GPU-0": gpu_lists(H200_R580)}}, {"x86_64": "a"})
+    report.write_text(json.dumps({**printed.to_json(), "capacity": {"cuda": {"GPU-0": 0.25}}}))
+    read = read_agent_providers_file(report)
+    assert read.report.devices == printed.devices and read.capacity == {"cuda": {"GPU-0": 0.25}}
 
 
 @pytest.mark.parametrize(

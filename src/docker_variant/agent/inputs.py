@@ -11,7 +11,7 @@ from typing import Any
 
 from docker_variant.errors import InvalidInputError
 from docker_variant.jsondoc import read_json_file
-from docker_variant.providers import HostReport, read_providers_file
+from docker_variant.providers import HostReport, is_report, read_providers_file
 
 __all__ = ["AgentFile", "read_agent_providers_file"]
 
@@ -22,17 +22,6 @@ class AgentFile:
 
     report: HostReport
     capacity: dict[str, dict[str, float]] = field(default_factory=dict)
-
-
-def _is_report_shape(data: object) -> bool:
-    """``{"host": {ns: {...}}, "devices": {...}}`` (``providers --devices --json``), told
-    apart from supported lists, whose namespaces (even one named ``host``) hold value lists."""
-    if not isinstance(data, dict) or "host" not in data:
-        return False
-    if not set(data) <= {"host", "devices", "capacity"}:
-        return False
-    host = data["host"]
-    return isinstance(host, dict) and all(isinstance(v, dict) for v in host.values())
 
 
 def _capacity(
@@ -56,10 +45,11 @@ def _capacity(
 
 
 def read_agent_providers_file(path: Path) -> AgentFile:
-    """Supported lists (the host only), or the ``{"host", "devices"[, "capacity"]}`` report."""
+    """Supported lists (the host only), or the ``{"host", "devices", "sources"}`` report,
+    with ``"capacity"`` where it gives shares."""
     what = f"providers file {str(path)!r}"
     data = read_json_file(path, what)
-    if not _is_report_shape(data):
+    if not is_report(data, frozenset({"capacity"})):
         return AgentFile(read_providers_file(path))
     try:
         report = HostReport.from_json(data, what)

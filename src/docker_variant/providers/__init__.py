@@ -26,9 +26,11 @@ from docker_variant.variant.model import parse_supported_lists
 __all__ = [
     "HOST_ROOT_ENV",
     "PROVIDERS_FILE_ENV",
+    "REPORT_KEYS",
     "HostReport",
     "HostRoot",
     "detect_host",
+    "is_report",
     "read_providers_file",
 ]
 
@@ -42,17 +44,22 @@ def read_providers_file(path: str | Path) -> HostReport:
     ``providers --devices --json`` prints), which also describes each device."""
     what = f"providers file {str(path)!r}"
     data = read_json_file(path, what)
-    if _is_report(data):
+    if is_report(data):
         return HostReport.from_json(data, what)
     return HostReport(parse_supported_lists(data, what), sources={"*": f"providers file {path}"})
 
 
-def _is_report(data: object) -> bool:
+#: The keys of what ``providers --devices --json`` prints.
+REPORT_KEYS = frozenset({"host", "devices", "sources"})
+
+
+def is_report(data: object, more_keys: frozenset[str] = frozenset()) -> bool:
     """``{"host": {ns: {feature: [...]}}, "devices": ...}`` rather than a flat document (whose
-    namespace could be called ``host``, but then maps features to lists, not to objects)."""
+    namespace could be called ``host``, but then maps features to lists, not to objects);
+    ``more_keys``: those a reader takes besides ``REPORT_KEYS`` (the agent's ``capacity``)."""
     if not isinstance(data, dict) or "host" not in data:
         return False
-    if not set(data) <= {"host", "devices", "sources"}:
+    if not set(data) <= REPORT_KEYS | more_keys:
         return False
     host = data["host"]
     return isinstance(host, dict) and all(isinstance(v, dict) for v in host.values())
