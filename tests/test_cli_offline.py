@@ -288,6 +288,20 @@ def test_docker_cli_plugin_protocol(files: dict[str, str]) -> None:
         "variant", "resolve", "--index", files["index"], "--providers-file", files["h200"]
     )
     assert (result.returncode, result.stdout) == (0, "1.0.0-cu128\n")
+    # Docker hands its plugin its global options too: they are taken, not a usage error
+    resolve = ("resolve", "--index", files["index"], "--providers-file", files["h200"])
+    for docker_options in (
+        ("--context", "default", "-D"),
+        ("--log-level=error", "--tlsverify", "-c", "default"),
+        ("--config", str(Path(files["index"]).parent)),
+    ):
+        result = run_cli(*docker_options, "variant", *resolve)
+        assert (result.returncode, result.stdout) == (0, "1.0.0-cu128\n"), result.stderr
+    # and -H / --host choose the engine, as DOCKER_HOST does
+    for host_option in (("-H", "unix:///nonexistent/a.sock"), ("-Hunix:///nonexistent/a.sock",)):
+        pull = ("pull", "127.0.0.1:1/app:1.0.0", "--index", files["index"])
+        result = run_cli(*host_option, "variant", *pull, "--providers-file", files["h200"])
+        assert_one_line_error(result, 3, "/nonexistent/a.sock")
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ Exit codes: 0 done; 1 no compatible variant; 2 bad input; 3 registry or engine u
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -156,8 +157,10 @@ def main(argv: list[str] | None = None) -> None:
     """Run the command line (``argv``: the arguments, default ``sys.argv[1:]``) and exit."""
     args = list(sys.argv[1:] if argv is None else argv)
     prog = "docker-variant"
-    if args[:1] == ["variant"]:  # run by the Docker CLI as a plugin
-        args, prog = args[1:], "docker variant"
+    if (as_plugin := plugin.plugin_args(args)) is not None:  # run by the Docker CLI
+        args, env = as_plugin
+        os.environ.update(env)
+        prog = "docker variant"
     try:
         code = app(args=args, prog_name=prog, standalone_mode=False)
     except click.exceptions.Exit as exc:

@@ -18,7 +18,57 @@ import typer
 from docker_variant.entry import PLUGIN_METADATA_JSON
 from docker_variant.errors import InvalidInputError
 
-__all__ = ["install_plugin", "plugin_script"]
+__all__ = ["install_plugin", "plugin_args", "plugin_script"]
+
+# The Docker CLI runs a plugin with its own whole command line, its global options included
+# (``docker --context ci variant ls R`` runs ``docker-variant --context ci variant ls R``),
+# so that a plugin can honour them. Those that choose an engine or a config become the
+# variables that say the same; the rest (logging, the engine's TLS) do not apply here.
+_DOCKER_VALUE_OPTIONS = {
+    "--config": "DOCKER_CONFIG",
+    "--context": "DOCKER_CONTEXT",
+    "-c": "DOCKER_CONTEXT",
+    "--host": "DOCKER_HOST",
+    "-H": "DOCKER_HOST",
+    "--log-level": "",
+    "-l": "",
+    "--tlscacert": "",
+    "--tlscert": "",
+    "--tlskey": "",
+}
+_DOCKER_FLAGS = frozenset({"--debug", "-D", "--tls", "--tlsverify"})
+
+
+def plugin_args(args: list[str]) -> tuple[list[str], dict[str, str]] | None:
+    """``args`` as the Docker CLI runs its plugin: Docker's global options, then
+    ``variant``, then ours. The arguments after ``variant``, and the variables that say
+    what Docker's options said (``DOCKER_HOST``, ``DOCKER_CONTEXT``, ``DOCKER_CONFIG``);
+    ``None`` where ``args`` are not in that form (the console script run by hand)."""
+    env: dict[str, str] = {}
+    at = 0
+    while at < len(args) and args[at] != "variant":
+        arg = args[at]
+        name, eq, value = arg.partition("=")
+        if name in _DOCKER_FLAGS:
+            at += 1
+            continue
+        if name not in _DOCKER_VALUE_OPTIONS:
+            short = arg[:2]  # pflag's -Hunix:///x
+            if len(arg) > 2 and short in _DOCKER_VALUE_OPTIONS and not arg.startswith("--"):
+                name, eq, value = short, "=", arg[2:]
+            else:
+                return None
+        if not eq:
+            if at + 1 >= len(args):
+                return None
+            value = args[at + 1]
+            at += 1
+        if variable := _DOCKER_VALUE_OPTIONS[name]:
+            env[variable] = value
+        at += 1
+    if at >= len(args):
+        return None
+    return args[at + 1 :], env
 
 
 def plugin_script(executable: Path) -> str:
