@@ -221,7 +221,7 @@ def test_proxy_answers_as_documented(proxy: ProxyServer) -> None:
 
 
 def test_proxy_documented_answers(proxy: ProxyServer) -> None:
-    """_variants (200, an empty 200 for a version without images, 404, 400), X-Variant-Properties resolution (200 with the label, 400,
+    """_variants (200, 404 for a version without images and for a repository, 400), X-Variant-Properties resolution (200 with the label, 400,
     404 with reasons), discovery, /_notify (200, 401, 400), /healthz both ways, /metrics."""
     schema = _schema("proxy", proxy.url)
     host = json.dumps({"nvidia": {"sm_arch": ["90_real"]}, "x86_64": {"level": ["v1"]}})
@@ -232,7 +232,7 @@ def test_proxy_documented_answers(proxy: ProxyServer) -> None:
     event = {"events": [{"action": "push", "target": {"repository": REPO}}]}
     calls: list[tuple[str, str, str, dict[str, str], Any, int]] = [
         ("GET", f"/v2/{REPO}/_variants/1.0.0", variants, {}, None, 200),
-        ("GET", f"/v2/{REPO}/_variants/9.9", variants, {}, None, 200),  # no images: empty
+        ("GET", f"/v2/{REPO}/_variants/9.9", variants, {}, None, 404),  # no images
         ("GET", "/v2/openapi/nothing/_variants/1.0.0", variants, {}, None, 404),
         ("GET", f"/v2/{REPO}/_variants/bad%20tag", variants, {}, None, 400),
         ("GET", f"/v2/{REPO}/manifests/1.0.0", manifests,
@@ -259,6 +259,7 @@ def test_proxy_documented_answers(proxy: ProxyServer) -> None:
                 label = response.headers["X-Variant-Label"]
                 assert label == ("cu128" if "nvidia" in headers["X-Variant-Properties"] else "null")
             if path.endswith("/_variants/9.9"):
-                assert response.json()["variants"] == {} and response.json()["bare"] is None
+                assert response.json()["errors"][0]["code"] == "MANIFEST_UNKNOWN"
+                assert "no image tagged 9.9 or 9.9-<label>" in response.text
             if doc_path == "/_notify" and status == 200:
                 assert response.json() == {"invalidated": [REPO]}

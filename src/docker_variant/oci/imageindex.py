@@ -57,7 +57,7 @@ class IndexEntry:
         return self.labels.get(LABEL_KEY)
 
     def annotations(self) -> dict[str, str]:
-        """Exactly the image's section 3 variant labels, plus its tag."""
+        """Exactly the image's variant labels (docs/reference/labels.md), plus its tag."""
         kept = {
             k: v
             for k, v in self.labels.items()

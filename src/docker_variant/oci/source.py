@@ -101,7 +101,7 @@ def _published_index(
 def download_index(
     url: str, *, limit: int = INDEX_DOWNLOAD_LIMIT, deadline: float = INDEX_DOWNLOAD_DEADLINE
 ) -> VariantIndex:
-    """A section 5 document from ``url``: at most ``limit`` bytes within ``deadline`` seconds
+    """An index document from ``url``: at most ``limit`` bytes within ``deadline`` seconds
     in all (a slow or endless server is cut off), then checked like a file."""
     import time
 

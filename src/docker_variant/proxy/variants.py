@@ -228,6 +228,14 @@ class VariantService:
         if isinstance(result, Response):
             return result
         self.metrics.variants_latency.observe(time.perf_counter() - started)
+        index, version = result.index, route.reference
+        if not index.variants and index.bare is None and not index.invalid:
+            # as the manifest of a missing tag: an error, not a document with nothing in it
+            return oci_error(
+                404,
+                ErrorCode.MANIFEST_UNKNOWN,
+                f"{route.name}: no image tagged {version} or {version}-<label>",
+            )
         return Response(result.body, media_type=JSON, headers={"Cache-Control": "no-store"})
 
     async def resolve_manifest(self, request: Request, route: Route, header: str) -> Response:

@@ -207,7 +207,7 @@ def parse_agent_report(data: object, path_agent_id: str) -> AgentReport:
 
 @dataclass(frozen=True)
 class PlacementRequest:
-    """Where to run ``image`` (a reference) or ``index`` (a section 5 document): ``nodes``
+    """Where to run ``image`` (a reference) or ``index`` (an index document): ``nodes``
     nodes with ``devices_per_node`` devices each (0: judged on the host lists alone)."""
 
     nodes: int

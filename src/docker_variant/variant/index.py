@@ -153,7 +153,9 @@ class VariantIndex:
 
     @classmethod
     def from_json(cls, data: object, source: str) -> VariantIndex:
-        """Validate a section 5 document (or a plain PEP 825 ``variants.json``)."""
+        """Validate an index document (docs/reference/index-document.md): a PEP 825
+        ``variants.json`` with ``images`` (every variant needs its image), ``bare`` and
+        ``invalid``."""
         if not isinstance(data, dict):
             raise InvalidInputError(f"{source}: an index document must be a JSON object")
         raw_variants = data.get("variants")
