@@ -331,6 +331,39 @@ def test_a_long_rate_limit_fails_naming_it(
     assert len(requests) == 1  # no retry when the wait is beyond the bound
 
 
+def test_a_header_without_a_platform_gets_a_multi_platform_bare_image_whole(
+    registry: RunningRegistry, image_builder: ImageBuilder, proxy: devstack.Service
+) -> None:
+    """X-Variant-Properties with no CPU namespace names no platform: where the bare image
+    wins and has two platforms, the caller gets its index, not one platform's manifest."""
+    repo = "mpbare/app"
+    dest = f"{registry.host}/{repo}"
+    parts = [
+        (image_builder.build_and_push(f"{dest}:part-{arch}", {}, architecture=arch), arch)
+        for arch in ("amd64", "arm64")
+    ]
+    bare = push_index(registry.url, repo, "1.0.0", [(d, "linux", a) for d, a in parts])
+    labels = variant_labels("cu128", nvidia__cuda_version_lower_bound="12.8")
+    image_builder.build_and_push(f"{dest}:1.0.0-cu128", labels)
+    accept = {"Accept": MANIFEST_ACCEPT}
+    old_gpu = json.dumps({"nvidia": {"cuda_version_lower_bound": ["12.4"]}})
+    for method in ("HEAD", "GET"):
+        answer = httpx.request(
+            method,
+            f"{proxy.url}/v2/{repo}/manifests/1.0.0",
+            headers={**accept, "X-Variant-Properties": old_gpu},
+        )
+        assert answer.status_code == 200, answer.text
+        assert "X-Variant-Label" not in answer.headers  # the bare image
+        assert answer.headers["Docker-Content-Digest"] == bare
+    # with the platform said, that platform's manifest
+    arm = json.dumps({**json.loads(old_gpu), "aarch64": {"version": ["8a"]}})
+    answer = httpx.get(
+        f"{proxy.url}/v2/{repo}/manifests/1.0.0", headers={**accept, "X-Variant-Properties": arm}
+    )
+    assert answer.headers["Docker-Content-Digest"] == dict((a, d) for d, a in parts)["arm64"]
+
+
 def test_proxy_reads_a_published_index_in_one_request_and_invalidates_on_its_put(
     tmp_path: Path, image_builder: ImageBuilder, cli_env: dict[str, str]
 ) -> None:

@@ -283,8 +283,17 @@ class VariantService:
         if best.label is not None:  # the bare image has no label: the header is left out
             extra[LABEL_HEADER] = best.label
         # By digest where the tag would not name this image: a platform's manifest inside
-        # a multi-platform tag, or the bare image that a variant image index replaced.
-        by_digest = best.digest and (best.platform is not None or best.tag == route.reference)
+        # a multi-platform tag, or the bare image that a variant image index replaced. A
+        # header with no CPU namespace says no platform: an image of several platforms then
+        # goes as its tag's index, for the caller to pick its own (the version's tag, when
+        # the bare image is that image, whose first entry for each platform is the bare one).
+        image = index.bare if best.label is None else index.images.get(best.label)
+        unplaced = best.platform is None and image is not None and len(image.platforms) > 1
+        by_digest = (
+            best.digest
+            and not unplaced
+            and (best.platform is not None or best.tag == route.reference)
+        )
         target = Route(RouteKind.MANIFEST, route.name, best.digest if by_digest else best.tag)
         return await self.upstream.forward(request, target, extra_headers=extra)
 
