@@ -103,6 +103,9 @@ class Config:
 class AcmePlugin:
     namespace = "acme"
 
+    def __init__(self):
+        pathlib.Path(os.environ["MARKER"] + ".made").write_text("made")
+
     @classmethod
     def get_all_configs(cls):
         return [Config("gen", ["g2", "g1"])]
@@ -110,6 +113,13 @@ class AcmePlugin:
     @classmethod
     def get_supported_configs(cls):
         return [Config("gen", ["g2", "g1"])]
+
+class BetaPlugin:
+    namespace = "beta"
+
+    @classmethod
+    def get_supported_configs(cls):
+        return [Config("gen", ["b1"])]
 """
 
 
@@ -123,6 +133,7 @@ def test_third_party_plugins_run_only_when_opted_in(tmp_path: Path) -> None:
     )
     (info / "entry_points.txt").write_text(
         "[variant_plugins]\nacme = acme_variant_plugin:AcmePlugin\n"
+        "other = acme_variant_plugin:BetaPlugin\n"  # not named after its namespace
     )
     marker = tmp_path / "marker"
     env = {
@@ -148,6 +159,12 @@ def test_third_party_plugins_run_only_when_opted_in(tmp_path: Path) -> None:
     assert marker.exists()
     env["DOCKER_VARIANT_ENABLE_PROVIDERS"] = "acme"  # the config route
     assert providers()["acme"] == {"gen": ["g2", "g1"]}
+    # a plugin found by its class's namespace: the other plugins it looks through are
+    # imported (their module is one) but never made or asked anything
+    del env["DOCKER_VARIANT_ENABLE_PROVIDERS"]
+    Path(str(marker) + ".made").unlink()
+    assert providers("--enable-provider", "beta")["beta"] == {"gen": ["b1"]}
+    assert not Path(str(marker) + ".made").exists()
 
 
 def test_cache_serves_repeat_calls_and_survives_corruption(tmp_path: Path) -> None:

@@ -91,7 +91,11 @@ def find_plugin(namespace: str) -> PluginAdapter:
     by_name = [ep for ep in candidates if namespace in (ep.name, _entry_point_namespace(ep))]
     for ep in by_name or candidates:
         try:
-            adapter = PluginAdapter(ep.load())
+            plugin = ep.load()
+            # another namespace's plugin is never made or asked anything: its class says
+            if getattr(plugin, "namespace", namespace) != namespace:
+                continue
+            adapter = PluginAdapter(plugin)
         except (DockerVariantError, Exception):
             continue
         if adapter.namespace == namespace:
