@@ -166,6 +166,30 @@ def test_an_enabled_plugin_replaces_the_descriptor(
     assert "replaces descriptor" in report.sources["furiosa"]
 
 
+def test_an_enabled_amd_plugin_replaces_the_built_in_detection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As an opted-in nvidia plugin answers for nvidia: the plugin's lists, not the KFD's."""
+    from docker_variant.providers import plugins
+
+    class Amd:
+        namespace = "amd"
+
+        @classmethod
+        def get_supported_configs(cls) -> list[plugins.FeatureConfig]:
+            return [plugins.FeatureConfig("gfx_arch", ["gfx90a"])]
+
+    monkeypatch.setattr(
+        "docker_variant.providers.plugins.find_plugin",
+        lambda namespace: plugins.PluginAdapter(Amd),
+    )
+    assert detect(tmp_path, "mi300x").host["amd"]["gfx_arch"] == ["gfx942"]  # the KFD's
+    report = detect(tmp_path, "mi300x", enable=["amd"])
+    assert report.host["amd"] == {"gfx_arch": ["gfx90a"]}
+    assert "amd" not in report.devices
+    assert report.sources["amd"] == "plugin amd (--enable-provider)"
+
+
 def test_the_cli_options_before_or_after_the_command(tmp_path: Path) -> None:
     import json
 

@@ -91,7 +91,8 @@ def _detect_files(
     descriptors: str | Path | None,
 ) -> HostReport:
     """Add what the files under the host root say: the ``amd`` GPUs and the descriptors'
-    devices (a plugin opted in for a namespace replaces its descriptor)."""
+    devices (a plugin opted in for a namespace replaces the built-in detection or the
+    descriptor of that namespace)."""
     from docker_variant.providers import amd
     from docker_variant.providers.descriptors import (
         apply_descriptors,
@@ -102,12 +103,13 @@ def _detect_files(
     host = {ns: dict(lists) for ns, lists in report.host.items()}
     devices = {kind: dict(ids) for kind, ids in report.devices.items()}
     sources = dict(report.sources)
-    gpus = amd.detect(root, env)
-    host["amd"] = gpus.host
-    if gpus.devices:
-        devices["amd"] = gpus.devices
-    if gpus.host:
-        sources["amd"] = f"built-in (KFD sysfs under {root})"
+    if "amd" not in enabled:  # an opted-in amd plugin answers for amd, as one for nvidia does
+        gpus = amd.detect(root, env)
+        host["amd"] = gpus.host
+        if gpus.devices:
+            devices["amd"] = gpus.devices
+        if gpus.host:
+            sources["amd"] = f"built-in (KFD sysfs under {root})"
     for described in apply_descriptors(read_descriptors(descriptor_dirs(descriptors, env)), root):
         namespace = described.descriptor.namespace
         if namespace in enabled:
