@@ -316,7 +316,7 @@ def test_cpu_only_placement(api: httpx.Client) -> None:
         ),
         (
             {"index": {"variants": {}}, "nodes": 1, "devices_per_node": 1},
-            "index: no variant and no bare image to place",
+            "index: no variant, no bare image and no invalid image",
         ),
         ({"image": "Bad Ref", "nodes": 1, "devices_per_node": 1}, "'Bad Ref'"),
         ({"image": "r/a", "nodes": 1, "devices_per_node": 1}, "a version tag is needed"),
@@ -327,6 +327,18 @@ def test_bad_placement_requests_are_400(shared_api: httpx.Client, body: Any, mes
     response = shared_api.post("/v1/placements", json=body)
     assert response.status_code == 400, response.text
     assert message in error_message(response)
+
+
+def test_an_index_of_invalid_images_only_is_a_refusal_naming_each(
+    shared_api: httpx.Client,
+) -> None:
+    """As the same version asked for as {"image": REF}: 409, each invalid image's reason."""
+    index = {"variants": {}, "invalid": [{"tag": "1.0-bad", "error": "bad label"}]}
+    response = shared_api.post(
+        "/v1/placements", json={"index": index, "nodes": 1, "devices_per_node": 1}
+    )
+    assert response.status_code == 409, response.text
+    assert response.json()["reasons"] == {"1.0-bad": "invalid image: bad label"}
 
 
 def test_a_placement_body_sent_again_is_read_once_and_a_bad_one_fails_each_time(

@@ -269,9 +269,9 @@ def _index(data: object) -> VariantIndex:
     if found is not None:
         return found
     index = VariantIndex.from_json(data, "index")
-    if not index.variants and index.bare is None:
-        invalid = f" ({len(index.invalid)} invalid images)" if index.invalid else ""
-        raise InvalidInputError(f"index: no variant and no bare image to place{invalid}")
+    if not index.variants and index.bare is None and not index.invalid:
+        # (invalid images alone are a refusal that names each, as for {"image": REF})
+        raise InvalidInputError("index: no variant, no bare image and no invalid image")
     _DOCUMENTS[id(index)] = (index, index.to_json())
     return _INDEXES.put(key, index)  # one read meanwhile by another thread is dropped
 
