@@ -284,6 +284,33 @@ def test_fetch_index_prefers_the_proxy_document(
         fetch_index(f"127.0.0.1:{fake_upstream.port}/app:1.0.0")
 
 
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (404, b"404 page not found"),
+        (404, b'{"errors": [{"code": "NOT_FOUND", "message": "no such route"}]}'),
+        (404, b'{"errors": [{"code": "NAME_UNKNOWN", "message": "repository unknown"}]}'),
+        (405, b'{"errors": [{"code": "UNSUPPORTED", "message": "method not allowed"}]}'),
+        (400, b'{"errors": [{"code": "NAME_INVALID", "message": "invalid name"}]}'),
+    ],
+    ids=["plain-404", "coded-404", "name-unknown", "405", "400"],
+)
+def test_a_registry_without_the_extension_is_scanned_however_it_refuses_it(
+    fake_upstream: FakeUpstream,
+    docker_config: Callable[[Mapping[str, Any]], Path],
+    status: int,
+    body: bytes,
+) -> None:
+    fake_upstream.routes["/v2/app/_variants/1.0.0"] = Reply(status, body)
+    fake_upstream.routes["/v2/app/tags/list"] = Reply(
+        body=json.dumps({"name": "app", "tags": ["1.0.0-cpu"]}).encode()
+    )
+    _serve(fake_upstream, "1.0.0-cpu", {LABEL: "cpu", X86_LEVEL: "v3"})
+    _, index = fetch_index(f"127.0.0.1:{fake_upstream.port}/app:1.0.0")
+    assert list(index.variants) == ["cpu"]
+    assert "/v2/app/tags/list" in [r.path for r in fake_upstream.requests]
+
+
 def test_refresh_proxy_index(
     fake_upstream: FakeUpstream,
     registry: RunningRegistry,

@@ -70,6 +70,7 @@ __all__ = [
 _MANIFEST_LIMIT = 4 << 20  # the distribution spec's minimum a registry must accept
 _CONFIG_LIMIT = 32 << 20
 _TAGS_LIMIT = 32 << 20
+_NO_EXTENSION = frozenset({400, 404, 405})  # how registries answer _variants they lack
 #: A client waits out 429s for at most this long in all, and retries at most this often.
 DEFAULT_RATE_LIMIT_WAIT = 30.0
 _RATE_LIMIT_RETRIES = 3
@@ -254,8 +255,11 @@ class _RegistryReads:
         headers = {"Cache-Control": "no-cache"} if refresh else None
         try:
             response, body = yield _Get(url, what, _TAGS_LIMIT, headers=headers)
-        except NotFoundError as exc:
-            if exc.code is None:
+        except RegistryError as exc:
+            # A registry without the extension answers the unknown route as it likes: 404,
+            # with an error code or not, 405 or 400. The version is then read the other
+            # ways, where a proxy's own 404 (no such repository or version) ends the same.
+            if exc.status in _NO_EXTENSION:
                 return None
             raise
         data = _json_object(body, what, response)
