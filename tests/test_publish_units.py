@@ -3,7 +3,9 @@ image index written and read back, which entry variant-unaware clients get, the 
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +254,44 @@ def test_a_dockerfile_symlink_out_of_the_context_is_refused(tmp_path: Path) -> N
     (context / "sub").symlink_to(outside, target_is_directory=True)
     with pytest.raises(InvalidInputError, match="leads outside it"):
         context_archive(context, "sub/Dockerfile")
+
+
+def _sent(tmp_path: Path, ignore: str, files: list[str]) -> list[str]:
+    """What ``context_archive`` sends of ``files`` under ``ignore`` (the Dockerfile and
+    ``.dockerignore`` left out of the answer: they are always sent)."""
+    context = tmp_path / "ctx"
+    for name in [*files, "Dockerfile"]:
+        (context / name).parent.mkdir(parents=True, exist_ok=True)
+        (context / name).write_text(name)
+    (context / ".dockerignore").write_text(ignore)
+    with tarfile.open(fileobj=io.BytesIO(context_archive(context, "Dockerfile"))) as archive:
+        names = archive.getnames()
+    assert "Dockerfile" in names and ".dockerignore" in names
+    return sorted(n for n in names if (context / n).is_file() and n in files)
+
+
+FILES = ["a.log", "logs/b.log", "foo/x", "sub/foo", "tempa", "sub/temporary.txt", "README.md",
+         "docs/guide.md", "src/main.go", "src/pkg/util.go", "keep/me", "keep/not"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("ignore", "left_out"),
+    [
+        ("*.log", ["a.log"]),  # * does not cross a directory
+        ("**/*.log", ["a.log", "logs/b.log"]),
+        ("foo", ["foo/x"]),  # a directory takes what is under it; sub/foo is another path
+        ("/foo/", ["foo/x"]),
+        ("*/temp*", ["sub/temporary.txt"]),
+        ("temp?", ["tempa"]),
+        ("**/*.go", ["src/main.go", "src/pkg/util.go"]),
+        ("*.md\n!README.md", []),  # *.md is the root's only, README.md taken back
+        ("**/*.md\n!README.md", ["docs/guide.md"]),
+        ("keep\n!keep/me", ["keep/not"]),
+        ("# a comment\n\nsrc/*/\n", ["src/main.go", "src/pkg/util.go"]),  # src/*/ is src/*
+        ("Dockerfile\n.dockerignore", []),  # sent all the same
+    ],
+)
+def test_dockerignore_is_read_as_docker_reads_it(
+    tmp_path: Path, ignore: str, left_out: list[str]
+) -> None:
+    assert _sent(tmp_path, ignore, FILES) == sorted(set(FILES) - set(left_out))
