@@ -143,22 +143,26 @@ def test_the_descriptors_option_and_env(tmp_path: Path) -> None:
         descriptor_dirs(None, {**env, "DOCKER_VARIANT_DESCRIPTORS": str(tmp_path / "nope")})
 
 
+def _opt_in_stub(monkeypatch: pytest.MonkeyPatch, namespace: str, feature: str, value: str) -> None:
+    """``--enable-provider NAMESPACE`` finds a plugin answering ``feature`` = [``value``]."""
+    from docker_variant.providers import plugins
+
+    class Stub:
+        @classmethod
+        def get_supported_configs(cls) -> list[plugins.FeatureConfig]:
+            return [plugins.FeatureConfig(feature, [value])]
+
+    Stub.namespace = namespace  # type: ignore[attr-defined]
+    monkeypatch.setattr(
+        "docker_variant.providers.plugins.find_plugin",
+        lambda name: plugins.PluginAdapter(Stub),
+    )
+
+
 def test_an_enabled_plugin_replaces_the_descriptor(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from docker_variant.providers import plugins
-
-    class Furiosa:
-        namespace = "furiosa"
-
-        @classmethod
-        def get_supported_configs(cls) -> list[plugins.FeatureConfig]:
-            return [plugins.FeatureConfig("arch", ["renegade"])]
-
-    monkeypatch.setattr(
-        "docker_variant.providers.plugins.find_plugin",
-        lambda namespace: plugins.PluginAdapter(Furiosa),
-    )
+    _opt_in_stub(monkeypatch, "furiosa", "arch", "renegade")
     report = detect(tmp_path, "warboy", enable=["furiosa"])
     assert report.host["furiosa"] == {"arch": ["renegade"]}
     assert "furiosa" not in report.devices
@@ -170,19 +174,7 @@ def test_an_enabled_amd_plugin_replaces_the_built_in_detection(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As an opted-in nvidia plugin answers for nvidia: the plugin's lists, not the KFD's."""
-    from docker_variant.providers import plugins
-
-    class Amd:
-        namespace = "amd"
-
-        @classmethod
-        def get_supported_configs(cls) -> list[plugins.FeatureConfig]:
-            return [plugins.FeatureConfig("gfx_arch", ["gfx90a"])]
-
-    monkeypatch.setattr(
-        "docker_variant.providers.plugins.find_plugin",
-        lambda namespace: plugins.PluginAdapter(Amd),
-    )
+    _opt_in_stub(monkeypatch, "amd", "gfx_arch", "gfx90a")
     assert detect(tmp_path, "mi300x").host["amd"]["gfx_arch"] == ["gfx942"]  # the KFD's
     report = detect(tmp_path, "mi300x", enable=["amd"])
     assert report.host["amd"] == {"gfx_arch": ["gfx90a"]}
