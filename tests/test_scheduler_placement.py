@@ -243,6 +243,17 @@ def test_allocated_devices_are_never_chosen() -> None:
     assert refused(plan(index_of(), pool_of(agents, busy), 1, 3))
 
 
+def test_devices_named_by_pci_address_go_in_address_order() -> None:
+    """PCI addresses are hex: bus 0x03 before 0x0c before 0x83 (a natural sort read the
+    0 of "0c" as a number and put it first)."""
+    body = agent_body(H200_R570, 4)
+    lists = next(iter(body["devices"]["cuda"].values()))
+    addresses = ["0000:0c:00.0", "0000:83:00.0", "0000:03:00.0", "0000:C3:00.0"]
+    body["devices"] = {"cuda": dict.fromkeys(addresses, lists)}
+    result = placed(plan(index_of(), pool_of({"a": body}), 1, 3))
+    assert nodes_of(result) == {"a": ["0000:03:00.0", "0000:0c:00.0", "0000:83:00.0"]}
+
+
 # --------------------------------------------------------------------------- refusals
 
 
