@@ -311,6 +311,23 @@ def test_a_registry_without_the_extension_is_scanned_however_it_refuses_it(
     assert "/v2/app/tags/list" in [r.path for r in fake_upstream.requests]
 
 
+def test_a_proxys_own_404_is_an_error_and_never_marks_the_host_as_plain(
+    fake_upstream: FakeUpstream, docker_config: Callable[[Mapping[str, Any]], Path]
+) -> None:
+    """A host whose discovery answer lists _variants is a proxy: its 404 for a missing
+    version is the answer (exit 3 in the CLI), not a sign to scan, and the next command
+    asks its _variants again."""
+    discover = {"extensions": [{"name": "_variants", "endpoints": ["_variants"]}]}
+    fake_upstream.routes["/v2/_oci/ext/discover"] = Reply(body=json.dumps(discover).encode())
+    missing = {"errors": [{"code": "MANIFEST_UNKNOWN", "message": "no image tagged 9.9"}]}
+    fake_upstream.routes["/v2/app/_variants/9.9"] = Reply(404, json.dumps(missing).encode())
+    for _ in range(2):
+        with pytest.raises(NotFoundError, match=r"no image tagged 9\.9"):
+            fetch_index(f"127.0.0.1:{fake_upstream.port}/app:9.9")
+    asked = [r.path for r in fake_upstream.requests]
+    assert asked.count("/v2/app/_variants/9.9") == 2 and "/v2/app/tags/list" not in asked
+
+
 def test_refresh_proxy_index(
     fake_upstream: FakeUpstream,
     registry: RunningRegistry,

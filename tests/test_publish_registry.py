@@ -290,7 +290,9 @@ def test_resolve_request_counts_from_the_registry_access_log(
         # the index alone: no tag list, and no _variants probe either, since the first
         # resolve found this registry has no proxy and remembered it (PLAIN_REGISTRY_TTL)
         assert index_all == 1
-        assert scan_all == scan_gets + 2  # plus the _variants probe and the tag list
+        # plus the _variants probe, the discovery request that tells a registry's 404 from
+        # a proxy's, and the tag list
+        assert scan_all == scan_gets + 3
     finally:
         service.stop()
 

@@ -71,6 +71,7 @@ _MANIFEST_LIMIT = 4 << 20  # the distribution spec's minimum a registry must acc
 _CONFIG_LIMIT = 32 << 20
 _TAGS_LIMIT = 32 << 20
 _NO_EXTENSION = frozenset({400, 404, 405})  # how registries answer _variants they lack
+_DISCOVER_LIMIT = 64 << 10
 #: A client waits out 429s for at most this long in all, and retries at most this often.
 DEFAULT_RATE_LIMIT_WAIT = 30.0
 _RATE_LIMIT_RETRIES = 3
@@ -257,16 +258,30 @@ class _RegistryReads:
             response, body = yield _Get(url, what, _TAGS_LIMIT, headers=headers)
         except RegistryError as exc:
             # A registry without the extension answers the unknown route as it likes: 404,
-            # with an error code or not, 405 or 400. The version is then read the other
-            # ways, where a proxy's own 404 (no such repository or version) ends the same.
-            if exc.status in _NO_EXTENSION:
-                return None
-            raise
+            # with an error code or not, 405 or 400. A proxy's own 404 (no such repository
+            # or version) is told apart by its discovery answer, which lists _variants.
+            if exc.status not in _NO_EXTENSION or (yield from self._lists_variants()):
+                raise
+            return None
         data = _json_object(body, what, response)
         try:
             return VariantIndex.from_json(data, what)
         except InvalidInputError as exc:
             raise _bad(str(exc), response) from exc
+
+    def _lists_variants(self) -> Read[bool]:
+        """Whether ``GET /v2/_oci/ext/discover`` lists the ``_variants`` extension (False
+        for any error: a registry without discovery has no extension either)."""
+        url = f"{self.base_url}/v2/_oci/ext/discover"
+        try:
+            response, body = yield _Get(url, "extension discovery", _DISCOVER_LIMIT)
+            data = _json_object(body, "extension discovery", response)
+        except RegistryError:
+            return False
+        extensions = data.get("extensions")
+        return isinstance(extensions, list) and any(
+            isinstance(e, dict) and e.get("name") == "_variants" for e in extensions
+        )
 
     def read_manifest(self, repository: str, reference: str) -> Read[Manifest]:
         check_repository(repository)
