@@ -39,7 +39,9 @@ def test_warboy_host(tmp_path: Path) -> None:
         "0000:65:00.0": {"furiosa": WARBOY},
     }
     assert report.sources["furiosa"] == f"descriptor {EXAMPLES / 'furiosa-warboy.toml'}"
-    assert "habana" not in report.host  # described, but no such device on this host
+    # described, but no such device on this host: an empty namespace, as absent hardware
+    assert report.host["habana"] == {} and "habana" not in report.devices
+    assert "habana" not in report.sources
     assert report.host["amd"] == {}
 
 
@@ -49,7 +51,8 @@ def test_gaudi2_and_a_host_without_npus(tmp_path: Path) -> None:
     assert len(report.devices["habana"]) == 8
     for host in ("empty", "mi300x"):
         report = detect(tmp_path, host)
-        assert "furiosa" not in report.host and "habana" not in report.host
+        assert report.host["furiosa"] == {} and report.host["habana"] == {}
+        assert "furiosa" not in report.devices and "habana" not in report.devices
 
 
 def write(directory: Path, name: str, text: str) -> Path:

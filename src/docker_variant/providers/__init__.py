@@ -116,8 +116,9 @@ def _detect_files(
             sources[namespace] += f"; replaces descriptor {described.descriptor.source}"
             continue
         host[namespace] = described.host
-        devices[namespace] = dict(described.devices)
-        sources[namespace] = f"descriptor {described.descriptor.source}"
+        if described.devices:  # else an empty namespace: no such device here
+            devices[namespace] = dict(described.devices)
+            sources[namespace] = f"descriptor {described.descriptor.source}"
     return HostReport(host, devices, sources)
 
 

@@ -134,7 +134,7 @@ def _file_features(descriptor: Descriptor, root: HostRoot) -> Lists:
 
 def _match(
     descriptor: Descriptor, pci: Sequence[PciDevice], root: HostRoot
-) -> DescribedNamespace | None:
+) -> DescribedNamespace:
     files = _file_features(descriptor, root)
     host: Lists = {}
     devices: dict[str, dict[str, Lists]] = {}
@@ -148,17 +148,15 @@ def _match(
         _merge(lists, files)
         devices[device.address] = {descriptor.namespace: lists}
         _merge(host, lists)
-    if not devices:
-        return None
     return DescribedNamespace(descriptor, host, devices)
 
 
 def apply_descriptors(
     descriptors: Sequence[Descriptor], root: HostRoot
 ) -> list[DescribedNamespace]:
-    """The namespaces whose descriptors match a PCI device of the host."""
+    """Each descriptor's namespace on this host: what its matched PCI devices support, or
+    nothing (an empty namespace, as for absent hardware) where none matches."""
     if not descriptors:
         return []
     pci = read_pci_devices(root)
-    matched = (_match(d, pci, root) for d in descriptors)
-    return [m for m in matched if m is not None]
+    return [_match(d, pci, root) for d in descriptors]
