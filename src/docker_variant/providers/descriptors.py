@@ -132,9 +132,7 @@ def _file_features(descriptor: Descriptor, root: HostRoot) -> Lists:
     return found
 
 
-def _match(
-    descriptor: Descriptor, pci: Sequence[PciDevice], root: HostRoot
-) -> DescribedNamespace:
+def _match(descriptor: Descriptor, pci: Sequence[PciDevice], root: HostRoot) -> DescribedNamespace:
     files = _file_features(descriptor, root)
     host: Lists = {}
     devices: dict[str, dict[str, Lists]] = {}

@@ -76,6 +76,7 @@ __all__ = [
     "candidate_key",
     "plan",
     "plan_request",
+    "plural",
 ]
 
 BARE = "(bare)"
@@ -692,7 +693,7 @@ class _Search:
             reason = self.classes[common].reasons.get(key, "does not fit")
             return reason.replace("this host", "this device")
         if fitting < self.per_node:
-            return f"only {_plural(fitting, 'device')} fit{'s' if fitting == 1 else ''} it"
+            return f"only {plural(fitting, 'device')} fit{'s' if fitting == 1 else ''} it"
         if self.shares is not None:
             return (
                 f"only {free} of its {fitting} fitting devices have "
@@ -728,26 +729,26 @@ class _Search:
 
     def _sentence(self, able: _Agents, why: Mapping[str, _Agents], scope: str) -> str:
         if self.per_node == 0:
-            need = f"needs {_plural(self.nodes, 'node')} whose host fits it"
+            need = f"needs {plural(self.nodes, 'node')} whose host fits it"
         elif self.shares is not None:
-            devices = _plural(self.per_node, "device")
+            devices = plural(self.per_node, "device")
             shares = _share_text(self.shares)
-            need = f"needs {_plural(self.nodes, 'node')} with {devices} fitting it, "
+            need = f"needs {plural(self.nodes, 'node')} with {devices} fitting it, "
             need += f"{shares} shares free on each"
         else:
-            devices = _plural(self.per_node, "free device")
-            need = f"needs {_plural(self.nodes, 'node')} with {devices} fitting it"
+            devices = plural(self.per_node, "free device")
+            need = f"needs {plural(self.nodes, 'node')} with {devices} fitting it"
         if not len(able) and not why:
             return f"{need}; there are no agents{scope}"
         if len(able):
             verb = "has" if len(able) == 1 else "have"
-            have = f"{_plural(len(able), 'node')} {verb} them ({_agents(able)})"
+            have = f"{plural(len(able), 'node')} {verb} them ({_agents(able)})"
         else:
             have = "no node has them"
         groups = sorted(why.items(), key=lambda item: (-len(item[1]), item[0]))
         parts = [f"{_agents(agents)}: {text}" for text, agents in groups[:_SHOWN_GROUPS]]
         if rest := sum(len(agents) for _, agents in groups[_SHOWN_GROUPS:]):
-            parts.append(f"{_plural(rest, 'more agent')} for other reasons")
+            parts.append(f"{plural(rest, 'more agent')} for other reasons")
         return "; ".join([need, have, *parts])
 
 
@@ -755,7 +756,8 @@ def _share_text(units: int) -> str:
     return f"{units / SHARE:g}"
 
 
-def _plural(count: int, word: str) -> str:
+def plural(count: int, word: str) -> str:
+    """``1 node``, ``2 nodes``: the count and the word, in the plural unless one."""
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 

@@ -128,6 +128,7 @@ def _entry(item: object, where: str) -> tuple[bytes, Principal]:
         raise InvalidInputError(f"{where}: only an agent token names an agent_id")
     name = item.get("name")
     if not SHORT_NAME.matches(name):
-        raise InvalidInputError(f"{where}: a {role} token needs a name ({SHORT_NAME.text})")
+        article = "an" if role[0] in "aeiou" else "a"
+        raise InvalidInputError(f"{where}: {article} {role} token needs a name ({SHORT_NAME.text})")
     assert isinstance(name, str)
     return digest, Principal(role, name)

@@ -44,7 +44,7 @@ from docker_variant.scheduler.documents import (
     parse_agent_report,
     parse_placement_request,
 )
-from docker_variant.scheduler.placement import BARE, Judge, Plan, Refusal, plan_request
+from docker_variant.scheduler.placement import BARE, Judge, Plan, Refusal, plan_request, plural
 from docker_variant.scheduler.pool import Node, Pool, build_pool
 from docker_variant.variant.index import VariantIndex
 
@@ -356,9 +356,9 @@ def _useless(index: VariantIndex, request: PlacementRequest, pool: Pool, node: N
     counts = {name: len(node.devices.get(name, ())) for name in names}
     usable = [name for name in names if counts[name] >= per_node]
     if not usable:
-        what = f"{request.device_name} devices" if request.device_name else "devices"
+        what = f"{request.device_name} device" if request.device_name else "device"
         most = max(counts.values(), default=0)
-        return f"its nodes have {most} {what}; the request needs {per_node} on each node"
+        return f"its nodes have {plural(most, what)}; the request needs {per_node} on each node"
     name = usable[0]
     classes: dict[str, int] = {}
     for device in node.devices[name]:
@@ -371,7 +371,7 @@ def _useless(index: VariantIndex, request: PlacementRequest, pool: Pool, node: N
         if fitting >= per_node:
             continue  # fits a node alone: the pool's other nodes are not what it lacks
         if fitting:
-            why[key] = f"only {fitting} of its {counts[name]} {name} devices fit it"
+            why[key] = f"only {fitting} of its {plural(counts[name], name + ' device')} fit it"
         else:
             why[key] = common.reasons.get(key, "does not fit").replace("this host", "this device")
     return _no_variant(why) if why else _still_not(request)
