@@ -248,6 +248,11 @@ def plan_claim(index: VariantIndex, max_subrequests: int = MAX_SUBREQUESTS) -> C
     if anywhere:
         # any device of the class the best device subrequest asks for
         vendor = device[0].vendor if device else DEFAULT_VENDOR
+        if not device:
+            warnings.append(
+                "no variant asks anything of a device (CPU-only, null or bare): the claim "
+                f"takes any {vendor} device"
+            )
         subrequests.append(
             Subrequest(_unique(_fallback_name(anywhere), taken), tuple(anywhere), (), vendor)
         )
