@@ -123,6 +123,8 @@ def test_variants_document_content(proxy: ProxyServer, images: dict[str, str]) -
     assert set(invalid) == {"1.0.0-bad", "1.0.0-garbage"}
     assert "sm_arch" in invalid["1.0.0-bad"]
     assert "not JSON" in invalid["1.0.0-garbage"]
+    # the path says which request; never the upstream's address
+    assert f"/v2/{REPO}/blobs/" in invalid["1.0.0-garbage"] and "127.0.0.1" not in str(doc)
     # the client library reads the proxy's document as the same index
     index = asyncio.run(_via_client(proxy.url, REPO, "1.0.0"))
     assert index is not None and index.to_json() == doc

@@ -14,6 +14,7 @@ unknowable (no credentials, no such repository, registry down) is raised.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -150,7 +151,7 @@ def _scan_plan(client: _Client, repository: str, version: str, top: Manifest | N
                 [] if published is not None else _image_reads(client, repository, tag, manifest)
             )
         except BadUpstreamResponseError as exc:
-            found[tag] = ImageRecord(tag, manifest.digest, error=str(exc))
+            found[tag] = ImageRecord(tag, manifest.digest, error=_reason(exc))
             continue
         if published is not None:  # re-publishing: keep the bare image the index replaced
             found[tag] = [e for e in published if e.label is None]
@@ -200,11 +201,22 @@ def _guarded(tag: str, digest: str, read: Read[_T]) -> Read[_T | ImageRecord]:
     try:
         return (yield from read)
     except BadUpstreamResponseError as exc:
-        return ImageRecord(tag, digest, error=str(exc))
+        return ImageRecord(tag, digest, error=_reason(exc))
     except NotFoundError as exc:
         if exc.code == ErrorCode.NAME_UNKNOWN:
             raise
-        return ImageRecord(tag, digest, error=str(exc))
+        return ImageRecord(tag, digest, error=_reason(exc))
+
+
+# scheme://host[:port] of a URL in an error
+_URL_ORIGIN = re.compile(r"\bhttps?://[^\s/]+")
+
+
+def _reason(exc: Exception) -> str:
+    """Why a tag is listed invalid: the error, its URLs without their origin. The document
+    is the same whoever scanned (a client, or a proxy whose upstream's address is the
+    operator's business); the path says which request it was."""
+    return _URL_ORIGIN.sub("", str(exc))
 
 
 def _image_reads(
