@@ -201,7 +201,7 @@ def test_bad_input_exits_2(files: dict[str, str], tmp_path: Path) -> None:
     assert_one_line_error(run_cli("nosuchcommand"), 2, "nosuchcommand")
 
 
-def test_pull_checks_its_own_input_before_the_engine(files: dict[str, str], tmp_path: Path) -> None:
+def test_local_input_is_checked_before_the_engine_and_the_registry(files: dict[str, str], tmp_path: Path) -> None:
     """Bad input to pull is exit 2 on a host without a Docker engine too; only good input
     goes on to find the engine missing (exit 3)."""
     gone = {"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
@@ -215,6 +215,10 @@ def test_pull_checks_its_own_input_before_the_engine(files: dict[str, str], tmp_
         assert_one_line_error(run_cli(*pull, *extra, env=gone, tmp=tmp_path), 2, needle)
     result = run_cli(*pull, "--index", files["index"], "--providers-file", files["h200"], env=gone)
     assert_one_line_error(result, 3, "no-engine.sock")
+    # ls and resolve too: a bad providers file is named before an unreachable registry
+    for command in ("ls", "resolve"):
+        result = run_cli(command, "127.0.0.1:1/app:1.0.0", "--providers-file", "nope.json")
+        assert_one_line_error(result, 2, "nope.json")
 
 
 def test_labels_prints_build_args_and_rejects_bad_properties() -> None:

@@ -130,8 +130,9 @@ def _selection(
 ) -> tuple[Options, Target, Selection]:
     """What ``ls`` and ``resolve`` show: the options, the index and its selection."""
     opts = options_of(ctx)
+    choice = host_choice(opts, platform, gpus)  # local input first, as pull reads it
     target = target_of(ref, index)
-    return opts, target, host_choice(opts, platform, gpus).select(target.index)
+    return opts, target, choice.select(target.index)
 
 
 def ls_(
