@@ -201,7 +201,9 @@ def test_bad_input_exits_2(files: dict[str, str], tmp_path: Path) -> None:
     assert_one_line_error(run_cli("nosuchcommand"), 2, "nosuchcommand")
 
 
-def test_local_input_is_checked_before_the_engine_and_the_registry(files: dict[str, str], tmp_path: Path) -> None:
+def test_local_input_is_checked_before_the_engine_and_the_registry(
+    files: dict[str, str], tmp_path: Path
+) -> None:
     """Bad input to pull is exit 2 on a host without a Docker engine too; only good input
     goes on to find the engine missing (exit 3)."""
     gone = {"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
