@@ -6,6 +6,18 @@ the command line maps exceptions to exit codes in exactly one place.
 
 from __future__ import annotations
 
+import re
+
+# scheme://host[:port] of any URL
+_URL_ORIGIN = re.compile(r"\bhttps?://[^\s/]+")
+
+
+def without_origins(text: str, instead: str = "") -> str:
+    """``text`` with the origin (``scheme://host[:port]``) of every URL in it replaced by
+    ``instead``: the paths stay, which name what was asked for; a registry's address may be
+    the operator's business."""
+    return _URL_ORIGIN.sub(instead, text)
+
 
 def one_line(text: str, limit: int = 300) -> str:
     """Collapse whitespace (upstream messages may span lines) and cap the length: every

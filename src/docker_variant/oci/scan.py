@@ -14,11 +14,11 @@ unknowable (no credentials, no such repository, registry down) is raised.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from docker_variant.errors import without_origins
 from docker_variant.oci.client import (
     Manifest,
     Read,
@@ -208,15 +208,11 @@ def _guarded(tag: str, digest: str, read: Read[_T]) -> Read[_T | ImageRecord]:
         return ImageRecord(tag, digest, error=_reason(exc))
 
 
-# scheme://host[:port] of a URL in an error
-_URL_ORIGIN = re.compile(r"\bhttps?://[^\s/]+")
-
-
 def _reason(exc: Exception) -> str:
     """Why a tag is listed invalid: the error, its URLs without their origin. The document
     is the same whoever scanned (a client, or a proxy whose upstream's address is the
     operator's business); the path says which request it was."""
-    return _URL_ORIGIN.sub("", str(exc))
+    return without_origins(str(exc))
 
 
 def _image_reads(

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping
 
 from starlette.responses import Response
 
-from docker_variant.errors import DockerVariantError, one_line
+from docker_variant.errors import DockerVariantError, one_line, without_origins
 from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.errors import (
     BadUpstreamResponseError,
@@ -21,8 +20,6 @@ from docker_variant.server.errors import oci_error, timed_out
 __all__ = ["failure_response", "upstream_error"]
 
 _log = logging.getLogger("docker_variant.proxy")
-# scheme://host[:port] of any URL: the upstream's address is the operator's business
-_URL_ORIGIN = re.compile(r"\bhttps?://[^\s/]+")
 
 
 def upstream_error(
@@ -34,7 +31,7 @@ def upstream_error(
     """An OCI error about the upstream, with every URL's origin taken out of the message
     (paths stay: they are the caller's own names); the full message goes to the log."""
     _log.warning("upstream failure (%s %s): %s", status, code, one_line(message))
-    return oci_error(status, code, _URL_ORIGIN.sub("<upstream>", message), None, headers)
+    return oci_error(status, code, without_origins(message, "<upstream>"), None, headers)
 
 
 def failure_response(exc: BaseException, what: str) -> Response:
