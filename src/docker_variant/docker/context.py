@@ -19,7 +19,7 @@ from pathlib import Path
 
 from docker_variant.errors import InvalidInputError
 
-__all__ = ["context_archive", "ignore_rules"]
+__all__ = ["context_archive"]
 
 _IGNORE_FILE = ".dockerignore"
 
@@ -56,7 +56,7 @@ def _pattern_regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out))
 
 
-def ignore_rules(text: str) -> list[tuple[bool, re.Pattern[str]]]:
+def _ignore_rules(text: str) -> list[tuple[bool, re.Pattern[str]]]:
     """The rules of a ``.dockerignore``'s ``text``: (takes back, pattern), in order."""
     rules: list[tuple[bool, re.Pattern[str]]] = []
     for line in text.splitlines():
@@ -99,7 +99,7 @@ def context_archive(root: Path, dockerfile: str) -> bytes:
         )
     ignore = root / _IGNORE_FILE
     text = ignore.read_text(encoding="utf-8", errors="replace") if ignore.is_file() else ""
-    rules = ignore_rules(text)
+    rules = _ignore_rules(text)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         for path in sorted(root.rglob("*")):
