@@ -311,14 +311,27 @@ def test_empty_override_counts_as_unset() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("value", "lower"),
+    [("12", "12.0"), ("12.7.1", "12.7"), ("v12.7", "12.7"), ("12.07", "12.7"), ("12.8rc1", "12.8")],
+)
+def test_an_override_is_read_as_the_wheelnext_provider_reads_it(value: str, lower: str) -> None:
+    """Any PEP 440 version, its major and minor (12 is 12.0), as packaging reads it there."""
+    report = detect({CUDA_ENV: value}, nvml=FakeNvml(load("h100-r570")), smi_run=no_smi())
+    assert report.host[LOWER][0] == lower
+    report = detect({SM_ARCH_ENV: value}, nvml=FakeNvml(load("h100-r570")), smi_run=no_smi())
+    assert report.host[SM][0] == f"{lower.replace('.', '')}_real"
+
+
 @pytest.mark.parametrize("variable", [CUDA_ENV, SM_ARCH_ENV])
-@pytest.mark.parametrize("value", ["abc", "12", "12.x", "12.7.1", "v12.7", "-1.0", "12.7\nx"])
+@pytest.mark.parametrize("value", ["abc", "12.x", "-1.0", "12.7\nx", "1" * 61])
 def test_invalid_override_raises_naming_the_variable(variable: str, value: str) -> None:
     nvml = FakeNvml(load("h100-r570"))
     with pytest.raises(InvalidInputError) as caught:
         detect({variable: value}, nvml=nvml, smi_run=no_smi())
     message = str(caught.value)
-    assert variable in message and repr(value) in message and "MAJOR.MINOR" in message
+    shown = value if len(value) <= 60 else value[:57] + "..."
+    assert variable in message and repr(shown) in message and "MAJOR.MINOR" in message
     assert "\n" not in message
     assert nvml.calls == []  # rejected before touching the hardware
 

@@ -216,15 +216,29 @@ def read_nvidia_smi(run: Callable[[list[str]], str | None] | None = None) -> Nvi
 # --------------------------------------------------------------------------- detection
 
 
+_OVERRIDE_MAX = 60  # characters of an override value (a version is a few)
+
+
 def _override(env: Mapping[str, str], name: str) -> Version | None:
+    """An override's (major, minor), read as the wheelnext provider reads it: any PEP 440
+    version (``12`` is 12.0, ``12.8.1`` and ``12.8rc1`` are 12.8, ``v12.08`` is 12.8)."""
+    from packaging.version import InvalidVersion
+    from packaging.version import Version as Pep440
+
     raw = env.get(name, "")
     if not raw.strip():
         return None  # an empty override counts as unset, as in wheelnext
-    version = _parse_version(raw)
-    if version is None:
-        shown = raw if len(raw) <= 60 else raw[:57] + "..."
-        raise InvalidInputError(f"{name}={shown!r} is not a version of the form MAJOR.MINOR")
-    return version
+    shown = raw if len(raw) <= _OVERRIDE_MAX else raw[: _OVERRIDE_MAX - 3] + "..."
+    try:
+        if len(raw) > _OVERRIDE_MAX:
+            raise InvalidVersion(raw)
+        release = Pep440(raw.strip()).release
+    except InvalidVersion:
+        raise InvalidInputError(
+            f"{name}={shown!r} is not a version (MAJOR.MINOR, as the wheelnext provider reads "
+            "it: any PEP 440 version)"
+        ) from None
+    return release[0], release[1] if len(release) > 1 else 0
 
 
 def detect(
