@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 import devstack
@@ -256,3 +257,30 @@ def test_a_bad_matrix_entry_fails_before_any_build(published: Published) -> None
         "docker", "images", "-q", f"{published.registry}/pub/bad", check=True
     ).stdout
     assert listing.strip() == ""  # nothing was built
+
+
+def test_labels_inherited_from_a_variant_base_image_are_refused_before_a_push(
+    published: Published,
+) -> None:
+    """A build adds labels but cannot take one away: built FROM the cu128 image, a cu126
+    entry would carry cu128's sm_arch. Refused (exit 2, naming the label), nothing pushed."""
+    context = published.root / "inherit"
+    context.mkdir()
+    (context / "Dockerfile").write_text(f"FROM {published.ref}-cu128\nCOPY x /x\n")
+    (context / "x").write_text("x\n")
+    matrix = published.root / "inherit.toml"
+    matrix.write_text(
+        '[[variant]]\nlabel = "cu126"\n'
+        'properties = ["nvidia :: cuda_version_lower_bound :: 12.6"]\n'
+    )
+    ref = f"{published.registry}/pub/inherit:1.0.0"
+    done = published.run(
+        "docker", "variant", "build", "--matrix", str(matrix), "--push", ref, str(context)
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    line = done.stderr.strip().splitlines()[-1]  # after the build's progress lines
+    assert line.startswith("docker-variant: variant[1] (cu126): ")
+    assert "dev.pep817.variant.nvidia.sm_arch='90_real'" in line
+    tags = httpx.get(f"http://{published.registry}/v2/pub/inherit/tags/list")
+    assert tags.status_code == 404  # nothing was pushed

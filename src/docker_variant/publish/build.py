@@ -14,6 +14,7 @@ from docker_variant.docker.engine import Engine, ProgressEvent
 from docker_variant.errors import InvalidInputError
 from docker_variant.oci.reference import Reference
 from docker_variant.publish.matrix import Matrix, MatrixEntry
+from docker_variant.variant.labels import LABEL_PREFIX
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -85,8 +86,34 @@ def build_matrix(
             labels=entry.labels,
             platform=str(entry.platform) if entry.platform is not None else None,
         )
+        _check_labels(engine, entry, target, image_id)
         built.append(BuiltImage(entry, target, image_id))
     return built
+
+
+def _check_labels(engine: Engine, entry: MatrixEntry, target: Reference, image_id: str) -> None:
+    """The built image carries exactly its entry's variant labels. Labels are inherited from
+    the base image (``FROM`` another variant) and may be set in the Dockerfile, and a build
+    can add labels but never take one away: such an image would promise what its entry does
+    not give (or a bare entry would be a variant), so it is refused before anything is
+    pushed."""
+    found = engine.inspect_image(image_id) or {}
+    config = found.get("Config") or {}
+    labels = config.get("Labels") or {} if isinstance(config, dict) else {}
+    stray = sorted(
+        (str(k), str(v))
+        for k, v in (labels.items() if isinstance(labels, dict) else ())
+        if str(k).startswith(LABEL_PREFIX) and entry.labels.get(str(k)) != v
+    )
+    if stray:
+        shown = ", ".join(f"{key}={value!r}" for key, value in stray[:4])
+        more = f" and {len(stray) - 4} more" if len(stray) > 4 else ""
+        raise InvalidInputError(
+            f"{entry.name}: the image built for {target} carries {shown}{more} from its base "
+            "image or its Dockerfile, which the entry does not set; a variant image carries "
+            f"exactly its entry's labels (build FROM an image without {LABEL_PREFIX}* labels, "
+            "and set none in the Dockerfile)"
+        )
 
 
 def build_release(
