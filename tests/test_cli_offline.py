@@ -152,6 +152,13 @@ def test_no_compatible_variant_exits_1_with_every_reason(
     assert result.returncode == 1 and result.stdout == ""
     assert "cu128: no provider for namespace nvidia on this host" in result.stderr
     assert "npu: no provider for namespace furiosa" in result.stderr
+    # --json: resolve and pull --dry-run print every variant with its reason, and exit 1
+    index = write(tmp_path, "i.json", doc)
+    for command in (("resolve",), ("pull", "127.0.0.1:1/app:1.0.0", "--dry-run")):
+        result = run_cli(*command, "--index", index, "--providers-file", files["arm"], "--json")
+        assert result.returncode == 1, result.stderr
+        reasons = {v["label"]: v["reason"] for v in json.loads(result.stdout)["variants"]}
+        assert reasons["cu128"] == "no provider for namespace nvidia on this host"
 
 
 @pytest.mark.parametrize(

@@ -221,7 +221,9 @@ def pull(
         selection = choice.select(target.index)
         best = selection.best
         if best is None:
-            if not opts.json:
+            if opts.json:  # as resolve --json: every variant, and why none fits
+                emit_json(selection_json(selection, str(reference)))
+            else:
                 stderr_console().print(selection_table(selection, f"Variants of {reference}"))
             report_no_match(selection, target)
             raise typer.Exit(1)
