@@ -213,6 +213,10 @@ def test_pull_through_the_proxy_uses_variants_api(stack: Stack) -> None:
     after = stack.proxy_requests()
     assert after.get("variants", 0) - before.get("variants", 0) == 1
     assert after.get("tags", 0) == before.get("tags", 0)
+    # a variant asked for by its own tag is that variant, where it fits
+    own = f"{ref}-cu128"
+    chosen = stack.docker("variant", "resolve", "--providers-file", stack.host_file("h200"), own)
+    assert (chosen.returncode, chosen.stdout.strip()) == (0, own), chosen.stderr
     assert after.get("manifest", 0) == before.get("manifest", 0)
 
 

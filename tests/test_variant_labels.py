@@ -192,6 +192,17 @@ def test_build_index_sorts_out_versions_bare_null_and_invalid() -> None:
     assert VariantIndex.from_json(doc, "round trip").to_json() == doc
 
 
+def test_a_variant_asked_for_by_its_own_tag_is_that_variant() -> None:
+    """pull app:1.0.0-cu128: the version named is the cu128 image's own tag."""
+    records = [rec("1.0.0-cu128", CU128, CU128_DIGEST), rec("1.0.0", {}, BARE_DIGEST)]
+    index = build_index("1.0.0-cu128", records)
+    assert list(index.variants) == ["cu128"] and index.invalid == []
+    assert index.images["cu128"].tag == "1.0.0-cu128" and index.bare is None
+    # a label that the tag does not end with is still a mismatch
+    wrong = build_index("1.0.0-cu126", [rec("1.0.0-cu126", CU128)])
+    assert [i.tag for i in wrong.invalid] == ["1.0.0-cu126"] and not wrong.variants
+
+
 def test_build_index_default_order_and_conflicts() -> None:
     v3 = {LABEL_KEY: "v3", f"{PROPERTY_PREFIX}x86_64.level": "v3"}
     index = build_index("2", [rec("2-cu128", CU128), rec("2-v3", v3)])

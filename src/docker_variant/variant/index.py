@@ -273,7 +273,8 @@ def build_index(version: str, records: Iterable[ImageRecord]) -> VariantIndex:
 
     Tags of other versions that share the prefix (``1.0.0-ubuntu24.04`` next to ``1.0.0``)
     are skipped: a tag belongs to ``version`` only if it is ``version`` itself or
-    ``version-<label>`` with ``<label>`` its own variant label.
+    ``version-<label>`` with ``<label>`` its own variant label. A variant's own tag asked for
+    as the version (``1.0.0-cu128``, label ``cu128``) is that variant.
     """
     variants: dict[str, Variant] = {}
     images: dict[str, ImageRef] = {}
@@ -289,7 +290,9 @@ def build_index(version: str, records: Iterable[ImageRecord]) -> VariantIndex:
         label = (record.labels or {}).get(LABEL_KEY)
         if label is None and record.tag != version:
             continue  # the bare image of another version
-        if label is not None and record.tag != f"{version}-{label}":
+        # asked for by its own tag (pull app:1.0.0-cu128): the version names that variant
+        own_tag = record.tag == version and version.endswith(f"-{label}")
+        if label is not None and record.tag != f"{version}-{label}" and not own_tag:
             if record.tag.endswith(f"-{label}") and record.tag != version:
                 continue  # a variant of another version, e.g. 1.0.0-ubuntu24.04-cu128
             invalid.append(
