@@ -295,3 +295,32 @@ def test_dockerignore_is_read_as_docker_reads_it(
     tmp_path: Path, ignore: str, left_out: list[str]
 ) -> None:
     assert _sent(tmp_path, ignore, FILES) == sorted(set(FILES) - set(left_out))
+
+
+class _Inspected:
+    """The one engine call the check after a build makes: an image's inspection, as the
+    engine answers it (the classic builder makes a FROM scratch image for the engine's own
+    platform on some engines and for the asked one on others, so an e2e test cannot pin it)."""
+
+    def __init__(self, answer: dict[str, object]) -> None:
+        self.answer = answer
+
+    def inspect_image(self, ref: str) -> dict[str, object]:
+        return self.answer
+
+
+def test_an_image_built_for_another_platform_than_asked_is_refused() -> None:
+    from docker_variant.oci.reference import parse_reference
+    from docker_variant.publish.build import _check_built
+
+    (entry,) = parse_matrix(
+        '[[variant]]\nlabel = "armv8"\nproperties = ["aarch64 :: version :: 8a"]\n'
+        'platform = "linux/arm64"\n'
+    ).entries
+    target = parse_reference("127.0.0.1:5000/app:1.0.0-armv8")
+    config = {"Labels": dict(entry.labels)}
+    made = _Inspected({"Os": "linux", "Architecture": "amd64", "Config": config})
+    with pytest.raises(InvalidInputError, match=r"asked for linux/arm64, .* for linux/amd64"):
+        _check_built(made, entry, target, "sha256:x")  # type: ignore[arg-type]
+    arm = _Inspected({"Os": "linux", "Architecture": "arm64", "Variant": "v8", "Config": config})
+    _check_built(arm, entry, target, "sha256:x")  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ from docker_variant.errors import InvalidInputError
 from docker_variant.oci.reference import Reference
 from docker_variant.publish.matrix import Matrix, MatrixEntry
 from docker_variant.variant.labels import LABEL_PREFIX
+from docker_variant.variant.platform import Platform
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -86,13 +87,14 @@ def build_matrix(
             labels=entry.labels,
             platform=str(entry.platform) if entry.platform is not None else None,
         )
-        _check_labels(engine, entry, target, image_id)
+        _check_built(engine, entry, target, image_id)
         built.append(BuiltImage(entry, target, image_id))
     return built
 
 
-def _check_labels(engine: Engine, entry: MatrixEntry, target: Reference, image_id: str) -> None:
-    """The built image carries exactly its entry's variant labels. Labels are inherited from
+def _check_built(engine: Engine, entry: MatrixEntry, target: Reference, image_id: str) -> None:
+    """The built image is for its entry's platform, where the entry names one, and carries
+    exactly its entry's variant labels. Labels are inherited from
     the base image (``FROM`` another variant) and may be set in the Dockerfile, and a build
     can add labels but never take one away: such an image would promise what its entry does
     not give (or a bare entry would be a variant), so it is refused before anything is
@@ -105,6 +107,16 @@ def _check_labels(engine: Engine, entry: MatrixEntry, target: Reference, image_i
         for k, v in (labels.items() if isinstance(labels, dict) else ())
         if str(k).startswith(LABEL_PREFIX) and entry.labels.get(str(k)) != v
     )
+    if entry.platform is not None:
+        os_name, arch = found.get("Os"), found.get("Architecture")
+        if isinstance(os_name, str) and isinstance(arch, str):
+            made = Platform.of(os_name, arch, found.get("Variant") or "")
+            if not made.matches(entry.platform):
+                raise InvalidInputError(
+                    f"{entry.name}: asked for {entry.platform}, the engine built {target} for "
+                    f"{made} (the classic builder cannot build for another platform FROM "
+                    "scratch or without emulation): it would be published as what it is not"
+                )
     if stray:
         shown = ", ".join(f"{key}={value!r}" for key, value in stray[:4])
         more = f" and {len(stray) - 4} more" if len(stray) > 4 else ""
