@@ -167,6 +167,15 @@ def test_third_party_plugins_run_only_when_opted_in(tmp_path: Path) -> None:
     assert not Path(str(marker) + ".made").exists()
 
 
+def test_opting_in_a_built_in_cpu_namespace_is_the_built_in_answer(tmp_path: Path) -> None:
+    """x86_64 and aarch64 are built in: the host's own plugin answers, the other is an
+    empty namespace (its plugin run on this machine would fail), never an error."""
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    plain = detect_host(env=env, use_cache=False)
+    both = detect_host(enable=["aarch64", "x86_64"], env=env, use_cache=False)
+    assert both.host == {**plain.host, "aarch64": plain.host.get("aarch64", {})}
+
+
 def test_cache_serves_repeat_calls_and_survives_corruption(tmp_path: Path) -> None:
     env = {"XDG_CACHE_HOME": str(tmp_path)}
     calls: list[int] = []

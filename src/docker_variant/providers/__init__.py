@@ -70,6 +70,7 @@ def _detect_cached(enabled: Sequence[str], env: Mapping[str, str]) -> HostReport
     from docker_variant.providers import nvidia
     from docker_variant.providers.cpu import detect_cpu
     from docker_variant.providers.plugins import find_plugin
+    from docker_variant.vendors import CPU_NAMESPACES
 
     host = detect_cpu()
     sources = {ns: "built-in (wheelnext CPU plugin)" for ns, lists in host.items() if lists}
@@ -78,6 +79,11 @@ def _detect_cached(enabled: Sequence[str], env: Mapping[str, str]) -> HostReport
     if gpus.host:
         sources["nvidia"] = "built-in (NVML / nvidia-smi)"
     for namespace in enabled:
+        if namespace in CPU_NAMESPACES:
+            # built in: the host's own CPU plugin answered (the other's absent hardware; run
+            # on the wrong machine it fails, the two plugins sharing one bundled module name)
+            host.setdefault(namespace, {})
+            continue
         host[namespace] = find_plugin(namespace).supported_lists()
         sources[namespace] = f"plugin {namespace} (--enable-provider)"
     return HostReport(host, {"nvidia": gpus.devices} if gpus.devices else {}, sources)
