@@ -284,3 +284,22 @@ def test_labels_inherited_from_a_variant_base_image_are_refused_before_a_push(
     assert "dev.pep817.variant.nvidia.sm_arch='90_real'" in line
     tags = httpx.get(f"http://{published.registry}/v2/pub/inherit/tags/list")
     assert tags.status_code == 404  # nothing was pushed
+
+
+def test_a_variant_pushed_after_publish_is_told_to_publish_again(published: Published) -> None:
+    """ls, resolve and pull read the published index: a variant pushed later is not among
+    the version's until it is published again, and push says so."""
+    context = published.root / "late"
+    context.mkdir()
+    (context / "Dockerfile").write_text("FROM scratch\nCOPY late.txt /late.txt\n")
+    (context / "late.txt").write_text("pushed after the index\n")
+    late = f"{published.ref}-v4"
+    labels = ["dev.pep817.variant-label=v4", "dev.pep817.variant.x86_64.level=v4"]
+    published.run(
+        "docker", "build", "-q", "--network=host", "-t", late,
+        *(arg for label in labels for arg in ("--label", label)), str(context), check=True,
+    )  # fmt: skip
+    done = published.run("docker", "variant", "push", late)
+    assert done.returncode == 0, done.stderr
+    assert f"{published.ref} is a published variant image index without 1.0.0-v4" in done.stderr
+    assert f"docker variant publish {published.ref}" in done.stderr

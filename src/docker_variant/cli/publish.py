@@ -101,7 +101,7 @@ def push(
     from docker_variant.docker.engine import Engine
     from docker_variant.docker.ops import push_image
     from docker_variant.oci.reference import parse_reference
-    from docker_variant.oci.source import refresh_proxy_index
+    from docker_variant.oci.source import published_without, refresh_proxy_index
     from docker_variant.publish.verify import verify_local
 
     opts = options_of(ctx)
@@ -119,6 +119,12 @@ def push(
     label = variant.label if variant else None
     version = reference.tag[: -len(label) - 1] if label and reference.tag else reference.tag
     refreshed = refresh_proxy_index(reference, version or "")
+    if label and published_without(reference, version or ""):
+        warn(
+            f"{reference.name}:{version} is a published variant image index without "
+            f"{reference.tag}; ls, resolve and pull read that index: run `docker variant "
+            f"publish {reference.name}:{version}` to add it"
+        )
     if opts.json:
         emit_json(
             {

@@ -16,7 +16,13 @@ from docker_variant.oci.imageindex import read_image_index
 from docker_variant.oci.reference import Reference, parse_reference
 from docker_variant.variant.index import VariantIndex, build_index
 
-__all__ = ["download_index", "fetch_index", "fetch_index_async", "refresh_proxy_index"]
+__all__ = [
+    "download_index",
+    "fetch_index",
+    "fetch_index_async",
+    "published_without",
+    "refresh_proxy_index",
+]
 
 #: How long a registry answering ``_variants`` with a plain 404 is taken to have no proxy.
 PLAIN_REGISTRY_TTL = 600.0
@@ -155,3 +161,20 @@ def refresh_proxy_index(ref: Reference, version: str, **client_kwargs: Any) -> b
             return client.get_variant_index(ref.repository, version, refresh=True) is not None
     except (RegistryError, InvalidInputError):
         return False
+
+
+def published_without(ref: Reference, version: str, **client_kwargs: Any) -> bool:
+    """After a push of the variant image ``ref`` (``version-<label>``): whether ``version``
+    holds a published variant image index that lacks it. ls, resolve and pull read that
+    index, not the tags, so the image is not among the version's until it is published
+    again. Best effort: ``False`` when that cannot be read."""
+    if not version or ref.tag is None:
+        return False
+    try:
+        with SyncRegistryClient.for_registry(ref.registry, **client_kwargs) as client:
+            top = client.fetch_manifest(ref.repository, version)
+    except (RegistryError, InvalidInputError):
+        return False
+    entries = read_image_index(top.data, version) if top.is_index else None
+    return entries is not None and all(entry.tag != ref.tag for entry in entries)
+
