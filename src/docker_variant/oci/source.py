@@ -177,4 +177,3 @@ def published_without(ref: Reference, version: str, **client_kwargs: Any) -> boo
         return False
     entries = read_image_index(top.data, version) if top.is_index else None
     return entries is not None and all(entry.tag != ref.tag for entry in entries)
-
