@@ -289,8 +289,8 @@ def test_providers_reports_overrides_and_uses_the_file(
     env["NV_VARIANT_PROVIDER_FORCE_SM_ARCH"] = "9.0"
     host = json.loads(run_cli("providers", "--json", env=env, tmp=tmp_path).stdout)
     assert host["nvidia"]["sm_arch"] == ["90_real", "90_virtual"]
-    bad = run_cli("providers", env={"NV_VARIANT_PROVIDER_FORCE_SM_ARCH": "9"}, tmp=tmp_path)
-    assert_one_line_error(bad, 2, "NV_VARIANT_PROVIDER_FORCE_SM_ARCH")
+    bad = run_cli("providers", env={"NV_VARIANT_PROVIDER_FORCE_SM_ARCH": "9.x"}, tmp=tmp_path)
+    assert_one_line_error(bad, 2, "NV_VARIANT_PROVIDER_FORCE_SM_ARCH='9.x'")
 
 
 def test_docker_cli_plugin_protocol(files: dict[str, str]) -> None:
