@@ -350,6 +350,7 @@ def test_every_string_of_the_index_document_is_checked(
         (["providers", "--providers-file", "DEEP"], "nested more than 32 levels"),
         (["providers", "--providers-file", "UTF16"], "not UTF-8 text"),
         (["providers", "--providers-file", "BINARY"], "not UTF-8 text"),
+        (["providers", "--providers-file", "NAN"], "NaN is not a JSON value"),
         (["resolve", "--platform", "linux", "--index", "GOOD"], "'linux' is not a platform"),
         (["build", "--matrix", "/nonexistent.toml", "r.example/a:1"], "cannot read it"),
         (["build", "--matrix", "/dev/zero", "r.example/a:1"], "larger than the 1048576 bytes"),
@@ -367,6 +368,7 @@ def test_every_cli_input_error_is_exit_2_in_one_line(
         "DEEP": ("[" * 100_000 + "]" * 100_000).encode(),
         "UTF16": '{"nvidia": {}}'.encode("utf-16"),
         "BINARY": bytes(range(256)),
+        "NAN": b'{"nvidia": {"sm_arch": [NaN]}}',  # Python's json takes it; JSON does not
         "GOOD": json.dumps(INDEX).encode(),
         "DEEP_TOML": b"a = " + b"[" * 100_000 + b"]" * 100_000,
         "HUGE_INT_TOML": b"a = 1" + b"0" * 5_000,

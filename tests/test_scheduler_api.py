@@ -329,6 +329,13 @@ def test_bad_placement_requests_are_400(shared_api: httpx.Client, body: Any, mes
     assert message in error_message(response)
 
 
+def test_a_bad_resource_group_query_is_400_as_in_a_body(shared_api: httpx.Client) -> None:
+    response = shared_api.get("/v1/agents", params={"resource_group": "bad rg"})
+    assert response.status_code == 400, response.text
+    assert "resource_group 'bad rg' is not valid" in error_message(response)
+    assert shared_api.get("/v1/agents", params={"resource_group": "gpu-a"}).status_code == 200
+
+
 def test_an_index_of_invalid_images_only_is_a_refusal_naming_each(
     shared_api: httpx.Client,
 ) -> None:

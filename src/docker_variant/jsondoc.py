@@ -5,8 +5,8 @@ event stream, image tars, request bodies, the scheduler's answers): a document o
 ``max_bytes`` (``MAX_BYTES`` unless a caller says less) is refused before it is parsed, bytes
 are decoded as strict UTF-8, the text is refused when nested deeper than ``MAX_DEPTH`` (the
 documents here are at most a few levels deep; a 100,000-deep array would otherwise exhaust
-the parser's recursion), and every failure is one ``InvalidInputError`` line naming the
-document and the rule. ``read_json_stream`` reads a file-like object with the same bound,
+the parser's recursion), ``NaN`` and ``Infinity`` are refused as JSON refuses them, and every
+failure is one ``InvalidInputError`` line naming the document and the rule. ``read_json_stream`` reads a file-like object with the same bound,
 so nothing past it is ever held.
 """
 
@@ -45,11 +45,17 @@ def load_json(
             "need at most a few"
         )
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_not_json)
     except RecursionError:  # pragma: no cover - the depth check comes first
         raise InvalidInputError(f"{what}: JSON nested too deeply") from None
     except ValueError as exc:
         raise InvalidInputError(f"{what}: not valid JSON ({one_line(str(exc))})") from None
+
+
+def _not_json(name: str) -> Any:
+    """``NaN``, ``Infinity``, ``-Infinity``: Python's ``json`` takes them, JSON (and Go's
+    decoder, which registries and Docker use) does not."""
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def read_json_file(path: str | Path, what: str, *, max_bytes: int = MAX_BYTES) -> Any:

@@ -45,6 +45,7 @@ from docker_variant.openapi import document as openapi_document
 from docker_variant.scheduler import ui
 from docker_variant.scheduler.database import DatabaseUnavailableError
 from docker_variant.scheduler.documents import (
+    ID,
     PlacementRequest,
     check_agent_id,
     parse_agent_report,
@@ -211,6 +212,8 @@ def create_app(
     async def list_agents(request: Request) -> Response:
         caller(request)
         group = request.query_params.get("resource_group")
+        if group is not None:
+            group = ID.check(group, "resource_group")  # as a heartbeat's body has it
         views = await run_in_threadpool(store.list_agents, group)
         shares = await run_in_threadpool(store.pool_summary, group)  # free shares, fragmentation
         return JSONResponse({"agents": views, "pool": shares})
