@@ -38,8 +38,9 @@ def failure_response(exc: BaseException, what: str) -> Response:
     """The answer for a failed index scan: the upstream's own status for auth and
     not-found, 429 passed on, 504 for a time-out, 502 for everything else."""
     if timed_out(exc):
+        detail = f": {exc}" if str(exc) else ""  # asyncio's TimeoutError says nothing
         return upstream_error(
-            504, ErrorCode.UNAVAILABLE, f"{what}: the upstream registry timed out: {exc}"
+            504, ErrorCode.UNAVAILABLE, f"{what}: the upstream registry timed out{detail}"
         )
     if isinstance(exc, RegistryAuthError):
         status = exc.status if exc.status in (401, 403) else 401
