@@ -69,7 +69,7 @@ def fetch_index(ref: str | Reference) -> tuple[Reference, VariantIndex]:
             from docker_variant.oci.scan import scan_images_sync
 
             found = scan_images_sync(client, reference.repository, version, top=top).index(version)
-    if not found.variants and found.bare is None and not found.invalid:
+    if found.is_empty:
         # As `docker pull` of a missing tag: an error, not "nothing fits this host".
         raise NotFoundError(
             f"{reference}: no image tagged {version} or {version}-<label> in {reference.name}",

@@ -228,13 +228,12 @@ class VariantService:
         if isinstance(result, Response):
             return result
         self.metrics.variants_latency.observe(time.perf_counter() - started)
-        index, version = result.index, route.reference
-        if not index.variants and index.bare is None and not index.invalid:
+        if result.index.is_empty:
             # as the manifest of a missing tag: an error, not a document with nothing in it
             return oci_error(
                 404,
                 ErrorCode.MANIFEST_UNKNOWN,
-                f"{route.name}: no image tagged {version} or {version}-<label>",
+                f"{route.name}: no image tagged {route.reference} or {route.reference}-<label>",
             )
         return Response(result.body, media_type=JSON, headers={"Cache-Control": "no-store"})
 

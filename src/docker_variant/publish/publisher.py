@@ -42,7 +42,7 @@ class Published:
 def plan_index(images: VersionImages, name: str, version: str) -> tuple[list[IndexEntry], bytes]:
     """The entries and bytes of the variant image index of ``images``, or the refusal."""
     index = images.index(version)
-    if not index.variants and index.bare is None and not index.invalid:
+    if index.is_empty:
         raise NotFoundError(
             f"{name}: no image tagged {version} or {version}-<label> to publish",
             status=404,

@@ -269,7 +269,7 @@ def _index(data: object) -> VariantIndex:
     if found is not None:
         return found
     index = VariantIndex.from_json(data, "index")
-    if not index.variants and index.bare is None and not index.invalid:
+    if index.is_empty:
         # (invalid images alone are a refusal that names each, as for {"image": REF})
         raise InvalidInputError("index: no variant, no bare image and no invalid image")
     _DOCUMENTS[id(index)] = (index, index.to_json())

@@ -138,6 +138,12 @@ class VariantIndex:
             data["providers"] = {ns: p.to_json() for ns, p in sorted(self.providers.items())}
         return data
 
+    @property
+    def is_empty(self) -> bool:
+        """No image of the version at all: no variant, no bare image, no invalid one (as
+        the manifest of a missing tag, a version to report missing)."""
+        return not self.variants and self.bare is None and not self.invalid
+
     def with_static_properties(self, host: SupportedLists) -> SupportedLists:
         """``host`` plus the static providers' properties for namespaces it has no lists
         for: a static provider needs no plugin to run, on any host."""
@@ -291,7 +297,7 @@ def build_index(version: str, records: Iterable[ImageRecord]) -> VariantIndex:
         if label is None and record.tag != version:
             continue  # the bare image of another version
         # asked for by its own tag (pull app:1.0.0-cu128): the version names that variant
-        own_tag = record.tag == version and version.endswith(f"-{label}")
+        own_tag = label is not None and record.tag == version and version.endswith(f"-{label}")
         if label is not None and record.tag != f"{version}-{label}" and not own_tag:
             if record.tag.endswith(f"-{label}") and record.tag != version:
                 continue  # a variant of another version, e.g. 1.0.0-ubuntu24.04-cu128
