@@ -6,8 +6,9 @@ event stream, image tars, request bodies, the scheduler's answers): a document o
 are decoded as strict UTF-8, the text is refused when nested deeper than ``MAX_DEPTH`` (the
 documents here are at most a few levels deep; a 100,000-deep array would otherwise exhaust
 the parser's recursion), ``NaN`` and ``Infinity`` are refused as JSON refuses them, and every
-failure is one ``InvalidInputError`` line naming the document and the rule. ``read_json_stream`` reads a file-like object with the same bound,
-so nothing past it is ever held.
+failure is one ``InvalidInputError`` line naming the document and the rule.
+``read_json_stream`` reads a file-like object with the same bound, so nothing past it is
+ever held.
 """
 
 from __future__ import annotations

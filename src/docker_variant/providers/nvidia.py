@@ -228,16 +228,16 @@ def _override(env: Mapping[str, str], name: str) -> Version | None:
     raw = env.get(name, "")
     if not raw.strip():
         return None  # an empty override counts as unset, as in wheelnext
-    shown = raw if len(raw) <= _OVERRIDE_MAX else raw[: _OVERRIDE_MAX - 3] + "..."
-    try:
-        if len(raw) > _OVERRIDE_MAX:
-            raise InvalidVersion(raw)
-        release = Pep440(raw.strip()).release
-    except InvalidVersion:
+    release: tuple[int, ...] = ()
+    if len(raw) <= _OVERRIDE_MAX:
+        with contextlib.suppress(InvalidVersion):
+            release = Pep440(raw.strip()).release
+    if not release:
+        shown = raw if len(raw) <= _OVERRIDE_MAX else raw[: _OVERRIDE_MAX - 3] + "..."
         raise InvalidInputError(
             f"{name}={shown!r} is not a version (MAJOR.MINOR, as the wheelnext provider reads "
             "it: any PEP 440 version)"
-        ) from None
+        )
     return release[0], release[1] if len(release) > 1 else 0
 
 

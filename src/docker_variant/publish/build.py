@@ -94,19 +94,11 @@ def build_matrix(
 
 def _check_built(engine: Engine, entry: MatrixEntry, target: Reference, image_id: str) -> None:
     """The built image is for its entry's platform, where the entry names one, and carries
-    exactly its entry's variant labels. Labels are inherited from
-    the base image (``FROM`` another variant) and may be set in the Dockerfile, and a build
-    can add labels but never take one away: such an image would promise what its entry does
-    not give (or a bare entry would be a variant), so it is refused before anything is
-    pushed."""
+    exactly its entry's variant labels. Labels are inherited from the base image (``FROM``
+    another variant) and may be set in the Dockerfile, and a build can add labels but never
+    take one away: such an image would promise what its entry does not give (or a bare
+    entry would be a variant), so it is refused before anything is pushed."""
     found = engine.inspect_image(image_id) or {}
-    config = found.get("Config") or {}
-    labels = config.get("Labels") or {} if isinstance(config, dict) else {}
-    stray = sorted(
-        (str(k), str(v))
-        for k, v in (labels.items() if isinstance(labels, dict) else ())
-        if str(k).startswith(LABEL_PREFIX) and entry.labels.get(str(k)) != v
-    )
     if entry.platform is not None:
         os_name, arch = found.get("Os"), found.get("Architecture")
         if isinstance(os_name, str) and isinstance(arch, str):
@@ -117,6 +109,13 @@ def _check_built(engine: Engine, entry: MatrixEntry, target: Reference, image_id
                     f"{made} (the classic builder cannot build for another platform FROM "
                     "scratch or without emulation): it would be published as what it is not"
                 )
+    config = found.get("Config") or {}
+    labels = config.get("Labels") or {} if isinstance(config, dict) else {}
+    stray = sorted(
+        (str(k), str(v))
+        for k, v in (labels.items() if isinstance(labels, dict) else ())
+        if str(k).startswith(LABEL_PREFIX) and entry.labels.get(str(k)) != v
+    )
     if stray:
         shown = ", ".join(f"{key}={value!r}" for key, value in stray[:4])
         more = f" and {len(stray) - 4} more" if len(stray) > 4 else ""
