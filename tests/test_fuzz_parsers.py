@@ -1,6 +1,6 @@
 """Fuzzing the readers of untrusted bytes, as part of the suite (issue 17): the ELF, fatbin,
 offload-bundle and tar readers, the reference grammar, the index document, the matrix, and
-the proxy's head readers (C against the expressions they stand in for).
+the proxy's route parser.
 
 For each target (``tests/fuzz/targets.py``: it returns, or raises the package's own error,
 within an operation budget counted in code):

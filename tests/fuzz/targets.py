@@ -4,8 +4,9 @@ The property, for every target but ``head``: the reader returns (findings, a doc
 raises the package's own error (a ``DockerVariantError``), never anything else, and stays
 within an operation budget counted in code (bytes and reads of the stream it parses, the tar
 reader's own counters). A target raises ``AssertionError`` (the budget) or lets the stray
-exception through: both are crashes to the fuzzer and failures to pytest. ``head``'s: the
-proxy's C head readers and the regular expressions they stand in for read every input alike.
+exception through: both are crashes to the fuzzer and failures to pytest. ``route``'s: the
+proxy's path parser gives a route or its own ``PathError``, and a route's upstream path
+parses back to the same route.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from docker_variant.contents.walker import merge_layers, scan_layer
 from docker_variant.errors import DockerVariantError
 from docker_variant.jsondoc import load_json
 from docker_variant.oci.reference import parse_reference
-from docker_variant.proxy import heads
+from docker_variant.proxy.names import PathError, RouteKind, parse_v2_path
 from docker_variant.publish.matrix import parse_matrix
 from docker_variant.variant.index import VariantIndex
 
@@ -109,20 +110,20 @@ def matrix(data: bytes) -> None:
         parse_matrix(_text(data), "fuzz matrix")
 
 
-# the proxy's answer reader as the pool builds it: hop-by-hop names and the rewritten ones kept out
-_KEPT_OUT = frozenset({b"keep-alive", b"te", b"trailer", b"upgrade", b"location", b"link"})
-_ANSWERS = heads.PlainAnswers(_KEPT_OUT)
-_ANSWERS_BY_EXPRESSION = heads.PlainAnswers(_KEPT_OUT, native=False)
-
-
-def head(data: bytes) -> None:
-    """The proxy's head readers (``proxy/_heads.c`` where built) read any bytes exactly as
-    the expressions they stand in for, request and answer, with a body or not."""
-    split = heads.split_request(data)
-    assert split == heads.split_request_by_expression(data), (split, data)
-    for has_body in (True, False):
-        taken = _ANSWERS.take(data, has_body)
-        assert taken == _ANSWERS_BY_EXPRESSION.take_by_expression(data, has_body), (taken, data)
+def route(data: bytes) -> None:
+    """The proxy's route parser on any request target: a route or ``PathError``, and a
+    route's upstream path names the same repository and reference again."""
+    try:
+        parsed = parse_v2_path(data.decode("latin-1"))
+    except PathError:
+        return
+    if parsed.name is not None and parsed.kind not in (RouteKind.VARIANTS, RouteKind.DISCOVER):
+        again = parse_v2_path(parsed.upstream_path())  # the proxy's own routes go nowhere
+        assert (again.kind, again.name, again.reference) == (
+            parsed.kind,
+            parsed.name,
+            parsed.reference,
+        ), (parsed, again)
 
 
 TARGETS: dict[str, Target] = {
@@ -133,6 +134,6 @@ TARGETS: dict[str, Target] = {
     "reference": reference,
     "index": index,
     "matrix": matrix,
-    "head": head,
+    "route": route,
 }
 CORPUS = Path(__file__).resolve().parent / "corpus"

@@ -7,13 +7,10 @@ exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import logging
 import os
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -21,15 +18,12 @@ from starlette.applications import Starlette
 
 from docker_variant import __version__
 from docker_variant.errors import InvalidInputError
-from docker_variant.proxy import heads
 from docker_variant.proxy.app import (
     DEFAULT_CACHE_TTL,
     DEFAULT_UPSTREAM_TIMEOUT,
     check_upstream_url,
     create_app,
 )
-from docker_variant.proxy.blobrelay import DEFAULT_RELAY_MODE, RELAY_MODES
-from docker_variant.proxy.handoff import HandoffHttpToolsProtocol
 from docker_variant.proxy.metrics import AccessLines
 from docker_variant.server.logs import configure_logging
 from docker_variant.server.net import bind_socket, parse_listen
@@ -43,7 +37,7 @@ from docker_variant.server.options import (
     tls_options,
 )
 
-__all__ = ["QuietServer", "main", "server_config"]
+__all__ = ["main", "server_config"]
 
 DEFAULT_LISTEN = "127.0.0.1:5080"
 CACHE_ENV = "VARIANT_PROXY_CACHE"
@@ -101,13 +95,6 @@ def _parser() -> argparse.ArgumentParser:
         help="enable POST /_notify for the registry's notification webhook; callers send "
         f"'Authorization: Bearer <the file's content>' (or set ${NOTIFY_ENV})",
     )
-    parser.add_argument(
-        "--blob-relay",
-        choices=RELAY_MODES,
-        default=DEFAULT_RELAY_MODE,
-        help="how large blob bodies go down: a thread copying through one buffer (default), "
-        "a thread splicing the sockets, or ASGI messages (TLS listeners always stream)",
-    )
     add_tls_arguments(parser, client_ca=False)
     add_version_argument(parser)
     return parser
@@ -115,32 +102,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def _logs_info(level: str) -> bool:
     return logging.getLevelName(level.upper()) in (logging.DEBUG, logging.INFO)
-
-
-class QuietServer(uvicorn.Server):
-    """uvicorn's server, whose main loop wakes once a second rather than ten times: its tick
-    refreshes the ``Date`` default header (off here) and looks at the exit flag, and ten
-    wake-ups a second cost an idle proxy some 2 ms of CPU a second. A signal to exit wakes
-    it at once."""
-
-    _exit_wanted: asyncio.Event | None = None
-    _loop: asyncio.AbstractEventLoop | None = None
-
-    async def main_loop(self) -> None:
-        self._loop, self._exit_wanted = asyncio.get_running_loop(), asyncio.Event()
-        counter = 0
-        should_exit = await self.on_tick(counter)
-        while not should_exit:
-            counter = (counter + 10) % 864000  # on_tick's once-a-second work, every time
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0):
-                    await self._exit_wanted.wait()
-            should_exit = await self.on_tick(counter)
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        super().handle_exit(sig, frame)
-        if self._loop is not None and self._exit_wanted is not None:
-            self._loop.call_soon_threadsafe(self._exit_wanted.set)
 
 
 def server_config(app: Starlette, log_level: str = "info", **tls: Any) -> uvicorn.Config:
@@ -154,8 +115,6 @@ def server_config(app: Starlette, log_level: str = "info", **tls: Any) -> uvicor
         server_header=False,
         date_header=False,  # pass the upstream's Date; AccessLog adds ours where none
         timeout_keep_alive=30,  # clients pulling layer after layer reuse connections
-        # uvicorn's httptools protocol, lending the socket to blob relays (proxy/handoff.py)
-        http=HandoffHttpToolsProtocol,
         **tls,
     )
 
@@ -174,7 +133,6 @@ def main(argv: list[str] | None = None) -> int:
             upstream_timeout=args.upstream_timeout,
             cache_url=args.cache,
             notify_secret=secret,
-            blob_relay=args.blob_relay,
             # the access log straight to stderr in batches, when INFO lines are wanted
             access_lines=AccessLines(sys.stderr) if _logs_info(args.log_level) else None,
         )
@@ -190,16 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     config = server_config(app, args.log_level, **tls)
     bound = sock.getsockname()
     logging.getLogger("docker_variant.proxy").info(
-        "variant-proxy %s on %s:%s for %s, cache %s, heads read %s",
+        "variant-proxy %s on %s:%s for %s, cache %s",
         __version__,
         bound[0],
         bound[1],
         upstream,
         "shared (Redis)" if args.cache else "local",
-        "in C" if heads.NATIVE else "by regular expressions (built without a C compiler)",
     )
     try:
-        QuietServer(config).run(sockets=[sock])
+        uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:

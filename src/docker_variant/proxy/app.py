@@ -5,37 +5,30 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from functools import lru_cache
-from typing import Any
 
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route as StarletteRoute
-from starlette.types import Receive, Scope, Send
 
 from docker_variant.errors import InvalidInputError, one_line
 from docker_variant.jsondoc import load_json
 from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.grammar import name_problem
 from docker_variant.openapi import document as openapi_document
-from docker_variant.proxy.blobrelay import DEFAULT_RELAY_MODE, RELAY_MODES
-from docker_variant.proxy.cache import open_store
-from docker_variant.proxy.handoff import QuickCycle, QuickReads
+from docker_variant.proxy.cache import IndexStore, open_store
 from docker_variant.proxy.metrics import (
     CONTENT_TYPE_LATEST,
     AccessLines,
     AccessLog,
     ProxyMetrics,
     RequestLog,
-    Sent,
 )
 from docker_variant.proxy.names import PathError, Route, RouteKind, parse_v2_path
-from docker_variant.proxy.passthrough import Upstream
-from docker_variant.proxy.quickread import start_quick_read
+from docker_variant.proxy.passthrough import Upstream, has_body
 from docker_variant.proxy.variants import (
     PROPERTIES_HEADER,
     VariantService,
@@ -79,78 +72,66 @@ def check_upstream_url(url: str) -> str:
     return str(parsed).rstrip("/")
 
 
-def create_app(
-    upstream_url: str,
-    cache_ttl: float = DEFAULT_CACHE_TTL,
-    *,
-    upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT,
-    connect_timeout: float = 10.0,
-    max_connections: int = 256,
-    cache_url: str | None = None,
-    notify_secret: str | None = None,
-    blob_relay: str = DEFAULT_RELAY_MODE,
-    access_lines: AccessLines | None = None,
-) -> Starlette:
-    """The proxy for ``upstream_url``; ``cache_ttl`` bounds how stale an index may be
-    (0 disables the cache); ``upstream_timeout`` bounds an index scan and the wait for
-    the headers of a pass-through answer (blob bodies are never timed).
+class ProxyEndpoints:
+    """The proxy's endpoints over one ``VariantService`` (made when the app starts)."""
 
-    ``cache_url`` (``redis://...``) shares the index cache with other replicas; ``None``
-    keeps it in this process. ``notify_secret`` enables ``POST /_notify`` for the
-    registry's notification webhook, called with ``Authorization: Bearer <secret>``.
-    ``blob_relay`` is how large blob bodies go down (``blobrelay.RELAY_MODES``).
-    ``access_lines``: where the access log's lines go (the server's stderr, in batches);
-    without it they are records of the ``metrics.ACCESS_LOGGER`` logger."""
-    base_url = check_upstream_url(upstream_url)
-    if cache_ttl < 0:
-        raise InvalidInputError(f"cache TTL must be >= 0 seconds, got {cache_ttl}")
-    if upstream_timeout <= 0:
-        raise InvalidInputError(f"upstream timeout must be > 0 seconds, got {upstream_timeout}")
-    if blob_relay not in RELAY_MODES:
-        raise InvalidInputError(
-            f"invalid blob relay {blob_relay!r}: expected one of {', '.join(RELAY_MODES)}"
-        )
-    metrics = ProxyMetrics()
-    cache = open_store(cache_url, cache_ttl)
-    state: dict[str, Any] = {}
+    def __init__(
+        self,
+        base_url: str,
+        cache: IndexStore,
+        metrics: ProxyMetrics,
+        *,
+        upstream_timeout: float,
+        connect_timeout: float,
+        max_connections: int,
+        notify_secret: str | None,
+    ) -> None:
+        self.base_url = base_url
+        self.cache = cache
+        self.metrics = metrics
+        self.upstream_timeout = upstream_timeout
+        self.connect_timeout = connect_timeout
+        self.max_connections = max_connections
+        self.notify_secret = notify_secret
+        self._service: VariantService | None = None
 
-    def service() -> VariantService:
-        service: VariantService = state["service"]
-        return service
+    @property
+    def service(self) -> VariantService:
+        assert self._service is not None, "the app's lifespan has not started"
+        return self._service
 
     @asynccontextmanager
-    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
         upstream = Upstream(
-            base_url,
-            timeout=upstream_timeout,
-            connect_timeout=connect_timeout,
-            max_connections=max_connections,
-            blob_relay=blob_relay,
+            self.base_url,
+            timeout=self.upstream_timeout,
+            connect_timeout=self.connect_timeout,
+            max_connections=self.max_connections,
         )
-        state["service"] = VariantService(upstream, cache, metrics)
-        await cache.start()
+        self._service = VariantService(upstream, self.cache, self.metrics)
+        await self.cache.start()
         try:
             yield
         finally:
-            await cache.close()
+            await self.cache.close()
             await upstream.aclose()
-            requests.flush()
 
-    async def dispatch(request: Request) -> Response:
+    async def dispatch(self, request: Request) -> Response:
+        """Every ``/v2/...`` request (and any other path, refused as the registry would)."""
         raw = request.scope.get("raw_path")
         raw_path = raw.decode("latin-1") if isinstance(raw, bytes) else request.url.path
         try:
             route = parse_v2_path(raw_path)
         except PathError as exc:
             return oci_error(exc.status, exc.code, exc.message, exc.detail)
-        return await _handle(service(), request, route)
+        return await handle(self.service, request, route)
 
-    async def healthz(request: Request) -> Response:
+    async def healthz(self, request: Request) -> Response:
         """``ok``; with ``?upstream=1`` also whether the upstream answers. Anyone may ask, so
         the answer never names the upstream (its address and errors go to the log)."""
         if request.query_params.get("upstream") not in ("1", "true", "yes"):
             return PlainTextResponse("ok")
-        upstream = service().upstream
+        upstream = self.service.upstream
         started = time.perf_counter()
         report: dict[str, object]
         try:
@@ -168,21 +149,21 @@ def create_app(
             status_code=200 if ok else 503,
         )
 
-    async def metrics_endpoint(_request: Request) -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    async def metrics_endpoint(self, _request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    async def openapi(_request: Request) -> Response:
+    async def openapi(self, _request: Request) -> Response:
         return Response(openapi_document("proxy"), media_type="application/json")
 
-    async def notify(request: Request) -> Response:
+    async def notify(self, request: Request) -> Response:
         """distribution's notification webhook: each push or delete event invalidates its
         repository's indexes, in every replica."""
-        if notify_secret is None:
+        if self.notify_secret is None:
             return oci_error(
                 404, ErrorCode.UNSUPPORTED, "notifications are not enabled (--notify-secret)"
             )
         given = bearer_token(request)
-        if given is None or not hmac.compare_digest(given.encode(), notify_secret.encode()):
+        if given is None or not hmac.compare_digest(given.encode(), self.notify_secret.encode()):
             return oci_error(
                 401,
                 ErrorCode.UNAUTHORIZED,
@@ -196,127 +177,81 @@ def create_app(
         except InvalidInputError as exc:
             return oci_error(400, ErrorCode.UNSUPPORTED, str(exc))
         try:
-            names = _notified_repositories(envelope)
+            names = notified_repositories(envelope)
         except InvalidInputError as exc:
             return oci_error(400, ErrorCode.UNSUPPORTED, str(exc))
         for name in sorted(names):
-            await service().invalidate(name)
+            await self.service.invalidate(name)
         return JSONResponse({"invalidated": sorted(names)})
 
+
+def create_app(
+    upstream_url: str,
+    cache_ttl: float = DEFAULT_CACHE_TTL,
+    *,
+    upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT,
+    connect_timeout: float = 10.0,
+    max_connections: int = 256,
+    cache_url: str | None = None,
+    notify_secret: str | None = None,
+    access_lines: AccessLines | None = None,
+) -> Starlette:
+    """The proxy for ``upstream_url``; ``cache_ttl`` bounds how stale an index may be
+    (0 disables the cache); ``upstream_timeout`` bounds an index scan and the wait for
+    the headers of a pass-through answer (blob bodies are never timed).
+
+    ``cache_url`` (``redis://...``) shares the index cache with other replicas; ``None``
+    keeps it in this process. ``notify_secret`` enables ``POST /_notify`` for the
+    registry's notification webhook, called with ``Authorization: Bearer <secret>``.
+    ``access_lines``: where the access log's lines go (the server's stderr, in batches);
+    without it they are records of the ``metrics.ACCESS_LOGGER`` logger."""
+    base_url = check_upstream_url(upstream_url)
+    if cache_ttl < 0:
+        raise InvalidInputError(f"cache TTL must be >= 0 seconds, got {cache_ttl}")
+    if upstream_timeout <= 0:
+        raise InvalidInputError(f"upstream timeout must be > 0 seconds, got {upstream_timeout}")
+    metrics = ProxyMetrics()
+    cache = open_store(cache_url, cache_ttl)
+    endpoints = ProxyEndpoints(
+        base_url,
+        cache,
+        metrics,
+        upstream_timeout=upstream_timeout,
+        connect_timeout=connect_timeout,
+        max_connections=max_connections,
+        notify_secret=notify_secret,
+    )
     requests = RequestLog(metrics, access_lines)
-    app = ProxyApp(
-        ReadPassThrough(service, requests),
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            async with endpoints.lifespan(app):
+                yield
+        finally:
+            requests.flush()  # the batched access log, before the server exits
+
+    app = Starlette(
         routes=[
-            StarletteRoute("/healthz", healthz, methods=["GET"]),
-            StarletteRoute("/metrics", metrics_endpoint, methods=["GET"]),
-            StarletteRoute("/_notify", notify, methods=["POST"]),
-            StarletteRoute("/openapi.json", openapi, methods=["GET"]),
-            StarletteRoute("/{path:path}", dispatch, methods=_METHODS),
+            StarletteRoute("/healthz", endpoints.healthz, methods=["GET"]),
+            StarletteRoute("/metrics", endpoints.metrics_endpoint, methods=["GET"]),
+            StarletteRoute("/_notify", endpoints.notify, methods=["POST"]),
+            StarletteRoute("/openapi.json", endpoints.openapi, methods=["GET"]),
+            StarletteRoute("/{path:path}", endpoints.dispatch, methods=_METHODS),
         ],
         lifespan=lifespan,
     )
     app.add_middleware(AccessLog, log=requests)
     app.state.metrics = metrics
     app.state.cache = cache
+    app.state.endpoints = endpoints
     return app
-
-
-_READS = frozenset(
-    {
-        RouteKind.BASE,
-        RouteKind.CATALOG,
-        RouteKind.MANIFEST,
-        RouteKind.BLOB,
-        RouteKind.TAGS,
-        RouteKind.REFERRERS,
-    }
-)
-_PROPERTIES_KEY = PROPERTIES_HEADER.lower().encode()
-
-
-@lru_cache(maxsize=4096)
-def _read_path(raw_path: bytes) -> Route | None:
-    """The route of a GET or HEAD of ``raw_path`` that is a plain read, whatever its
-    headers (cached: a pull asks for each many times)."""
-    try:
-        route = parse_v2_path(raw_path.decode("latin-1"))
-    except PathError:
-        return None  # answered by the routes, as every refusal
-    return route if route.kind in _READS else None
-
-
-class ReadPassThrough:
-    """A GET or HEAD that is a plain pass-through (blobs, manifests without
-    ``X-Variant-Properties``, tags...), answered before Starlette's middleware, routing and
-    request machinery, the bulk of the proxy's own time for a manifest GET (issue 8), and
-    counted and logged as every request; offered to ``quickread`` first, before any ASGI.
-    Everything else, invalid paths included, is left to the routes."""
-
-    def __init__(self, service: Callable[[], VariantService], requests: RequestLog) -> None:
-        self.service = service
-        self.requests = requests
-
-    def start(self, cycle: QuickCycle) -> bool:
-        """``handoff.QuickReads``: a plain read is answered from callbacks where it can be
-        (``quickread``), else it goes on to ``__call__`` (False)."""
-        route = _read_path(cycle.raw_path)  # offered only GET and HEAD
-        if route is None:
-            return False
-        return start_quick_read(self.service().upstream, cycle, route, self.requests, self.again)
-
-    async def again(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """A quick read that has to be asked the ASGI way after all."""
-        await self(scope, receive, send)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> bool:
-        """Whether the request was a plain read, now answered."""
-        route = self._route(scope)
-        if route is None:
-            return False
-        started = time.perf_counter()
-        sent = Sent()
-        try:
-            await self.service().upstream.pass_read(scope, receive, send, route, sent)
-        except Exception:
-            sent.status = sent.status or 500  # what the server answers for it
-            raise
-        finally:
-            self.requests.record(scope, route.kind, sent, started)
-        return True
-
-    @staticmethod
-    def _route(scope: Scope) -> Route | None:
-        raw = scope.get("raw_path")
-        if scope["method"] not in ("GET", "HEAD") or not isinstance(raw, bytes):
-            return None
-        route = _read_path(raw)
-        if route is None:
-            return None
-        if route.kind is RouteKind.MANIFEST and any(
-            k == _PROPERTIES_KEY for k, _ in scope["headers"]
-        ):
-            return None  # transparent resolution
-        return route
-
-
-class ProxyApp(Starlette):
-    """Starlette, with plain reads (``ReadPassThrough``) answered before its stack."""
-
-    def __init__(self, reads: ReadPassThrough, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.reads = reads
-        self.quick_reads: QuickReads = reads  # offered GET and HEAD first (proxy/handoff.py)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and await self.reads(scope, receive, send):
-            return
-        await super().__call__(scope, receive, send)
 
 
 _NOTIFY_SHAPE = 'a notification is {"events": [{"action": "push", "target": {"repository": ...}}]}'
 
 
-def _notified_repositories(envelope: object) -> set[str]:
+def notified_repositories(envelope: object) -> set[str]:
     """The repositories that distribution's notification envelope says were pushed to or
     deleted from; other actions are ignored, and any other shape is refused."""
     events = envelope.get("events") if isinstance(envelope, dict) else None
@@ -340,7 +275,8 @@ def _notified_repositories(envelope: object) -> set[str]:
     return names
 
 
-async def _handle(service: VariantService, request: Request, route: Route) -> Response:
+async def handle(service: VariantService, request: Request, route: Route) -> Response:
+    """One distribution API request: the proxy's own routes, else the upstream's answer."""
     kind, method = route.kind, request.method
     if kind is RouteKind.OTHER:
         return PlainTextResponse("404 page not found", status_code=404)
@@ -356,6 +292,15 @@ async def _handle(service: VariantService, request: Request, route: Route) -> Re
         if method not in ("GET", "HEAD"):
             return oci_error(405, ErrorCode.UNSUPPORTED, f"{method} is not allowed on _variants")
         return await service.variants_endpoint(request, route)
+    if method in ("GET", "HEAD") and has_body(request):
+        # A body here would be read by no one: refused rather than passed on or left on
+        # the connection (where it would be taken for the caller's next request).
+        return oci_error(
+            400,
+            ErrorCode.UNSUPPORTED,
+            f"a {method} request may not carry a body (RFC 9110 9.3)",
+            headers={"Connection": "close"},
+        )
     if kind is RouteKind.MANIFEST and method in ("GET", "HEAD"):
         header = request.headers.get(PROPERTIES_HEADER)
         if header is not None:

@@ -23,7 +23,6 @@ from docker_variant.proxy.names import PathError, RouteKind, parse_v2_path
 
 __all__ = [
     "CONTENT_TYPE_LATEST",
-    "RELAYED_BYTES",
     "AccessLines",
     "AccessLog",
     "ProxyMetrics",
@@ -35,8 +34,6 @@ __all__ = [
 ]
 
 ACCESS_LOGGER = "docker_variant.proxy.access"
-RELAYED_BYTES = "docker_variant.relayed_bytes"  # scope key: body bytes sent outside ASGI
-RELAY_MODE = "docker_variant.relay_mode"  # scope key: how they went ("splice" or "copy")
 
 
 class _RequestCounts:
@@ -97,13 +94,6 @@ class ProxyMetrics:
             "variant_proxy_upstream_errors",
             "Index requests that failed upstream (refused, not found, down, garbage), by kind",
             ["kind"],
-            registry=self.registry,
-        )
-
-        self.relayed_bytes = Counter(
-            "variant_proxy_relayed_bytes",
-            "Blob body bytes a relay thread moved from upstream to client socket, by mode",
-            ["mode"],
             registry=self.registry,
         )
 
@@ -252,13 +242,8 @@ class RequestLog:
 
     def record(self, scope: Scope, route: RouteKind, sent: Sent, started: float) -> None:
         """Counts and logs a request that began at ``started`` (``time.perf_counter``)."""
-        size = sent.bytes
-        relayed = scope.get(RELAYED_BYTES, 0)
-        if relayed:
-            size += relayed
-            self.metrics.relayed_bytes.labels(scope.get(RELAY_MODE, "copy")).inc(relayed)
         self.count(
-            scope.get("method", ""), route, scope.get("path", ""), sent.status, size, started
+            scope.get("method", ""), route, scope.get("path", ""), sent.status, sent.bytes, started
         )
 
     def count(

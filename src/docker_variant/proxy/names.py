@@ -153,8 +153,8 @@ def _check_reference(kind: RouteKind, ref: str) -> None:
         )
 
 
-# Pulls ask for the same manifests and blobs over and over; a parse costs some 7 us of
-# regular expressions and unquoting per request (issue 8). Refusals are not cached.
+# Pulls ask for the same manifests and blobs over and over: parses are kept (refusals, which
+# raise, are not).
 @lru_cache(maxsize=4096)
 def parse_v2_path(raw_path: str) -> Route:
     """Classify a raw request path; raises ``PathError`` for an invalid ``/v2/`` route.
