@@ -31,6 +31,8 @@ __all__ = [
     "registry_requests",
     "start_containerd",
     "start_dockerd",
+    "start_nginx",
+    "start_nginx_front",
     "start_proxy",
     "start_redis",
     "start_registry",
@@ -241,6 +243,67 @@ def start_proxy(
         return _wait(service, ready, timeout)
 
     return start(port) if port else _on_free_port(start, "variant-proxy")
+
+
+NGINX_FRONT = Path(__file__).resolve().parent.parent / "deploy/nginx/variant-proxy.conf"
+# what start_nginx_front sets in the shipped file: its placeholders for the site's addresses
+_FRONT_PLACEHOLDERS = ("server registry:5000;", "server variant-proxy:5080;", "listen 5000;")
+
+
+def nginx_binary() -> str | None:
+    """Debian's nginx (nginx-light), or None where it is not installed."""
+    found = shutil.which("nginx")
+    if found is None and Path("/usr/sbin/nginx").exists():
+        found = "/usr/sbin/nginx"
+    return found
+
+
+def start_nginx(server_conf: str, root: Path, port: int, timeout: float = 15) -> Service:
+    """nginx running ``server_conf`` (http-level directives: upstreams, maps, servers that
+    listen on ``port``) as one worker, everything it writes under ``root``."""
+    binary = nginx_binary()
+    if binary is None:
+        raise StartError("nginx is not installed (Debian package nginx-light)")
+    root.mkdir(parents=True, exist_ok=True)
+    temp = " ".join(
+        f"{kind}_temp_path {root}/{kind};"
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    (root / "site.conf").write_text(server_conf)
+    (root / "nginx.conf").write_text(
+        f"worker_processes 1; daemon off; pid {root}/nginx.pid; error_log {root}/error.log;\n"
+        "events { worker_connections 512; }\n"
+        f"http {{ access_log off; {temp} include {root}/site.conf; }}\n"
+    )
+    argv = [binary, "-p", str(root), "-c", str(root / "nginx.conf")]
+    process, log = _spawn("nginx", argv, root)
+    service = Service("nginx", process, f"127.0.0.1:{port}", root, log)
+    try:
+        return _wait(service, None, timeout)
+    except StartError as error:
+        errors = ""
+        with contextlib.suppress(OSError):
+            errors = (root / "error.log").read_text(errors="replace")[-2000:]
+        raise StartError(f"{error} {errors}") from None
+
+
+def start_nginx_front(registry: str, proxy: str, root: Path) -> Service:
+    """The shipped ``deploy/nginx/variant-proxy.conf`` in front of the registry and the
+    proxy at ``registry`` and ``proxy`` (``127.0.0.1:PORT``), on a free loopback port."""
+    shipped = NGINX_FRONT.read_text()
+    for placeholder in _FRONT_PLACEHOLDERS:
+        if shipped.count(placeholder) != 1:
+            raise StartError(f"{NGINX_FRONT}: expected one {placeholder!r} to set")
+
+    def start(port: int) -> Service:
+        conf = (
+            shipped.replace(_FRONT_PLACEHOLDERS[0], f"server {registry};")
+            .replace(_FRONT_PLACEHOLDERS[1], f"server {proxy};")
+            .replace(_FRONT_PLACEHOLDERS[2], f"listen 127.0.0.1:{port};")
+        )
+        return start_nginx(conf, root, port)
+
+    return _on_free_port(start, "nginx")
 
 
 def start_redis(root: Path, timeout: float = 15) -> Service:

@@ -4,14 +4,17 @@ and wait for what a test cannot be told about (another process, a server's state
 from __future__ import annotations
 
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import uvicorn
 
+import devstack
 from docker_variant.proxy import create_app
 from docker_variant.proxy.__main__ import server_config
 from docker_variant.proxy.metrics import ProxyMetrics
@@ -89,3 +92,41 @@ class ProxyServer:
         """A metric's current value (0 when never observed)."""
         value = self.metrics.registry.get_sample_value(name, labels or {})
         return value or 0.0
+
+
+class FrontedProxy(ProxyServer):
+    """A ``ProxyServer`` behind the shipped nginx front (``deploy/nginx/variant-proxy.conf``):
+    ``url``, ``host`` and ``port`` are nginx's, which sends the proxy its routes and the
+    registry at ``registry_address`` the rest; metrics stay the proxy's."""
+
+    def __init__(self, registry_address: str, upstream_url: str, **kwargs: Any) -> None:
+        super().__init__(upstream_url, **kwargs)
+        self.registry_address = registry_address
+        self.proxy_host = self.host
+        self.nginx: devstack.Service | None = None
+        self._root = tempfile.mkdtemp(prefix="dv-front-")
+
+    def start(self) -> FrontedProxy:
+        super().start()
+        self.nginx = devstack.start_nginx_front(
+            self.registry_address, self.proxy_host, Path(self._root)
+        )
+        self.host = self.nginx.address
+        self.port = int(self.host.rsplit(":", 1)[1])
+        self.url = self.nginx.url
+        return self
+
+    def stop(self) -> None:
+        if self.nginx is not None:
+            self.nginx.stop()
+        super().stop()
+
+
+def proxy_for(registry_address: str, upstream_url: str, front: str, **kwargs: Any) -> ProxyServer:
+    """The proxy of a test parametrized over ``front``: ``"alone"`` or ``"nginx"``."""
+    if front == "nginx":
+        return FrontedProxy(registry_address, upstream_url, **kwargs)
+    return ProxyServer(upstream_url, **kwargs)
+
+
+FRONTS = ["alone", "nginx"]

@@ -1,7 +1,8 @@
 """Transparent resolution with an unmodified client: containerd (as a kubelet runs it) pulls
 `app:1.0.0` through variant-proxy with a hosts.toml that sends this node's
 `X-Variant-Properties`, and gets the best variant (docs/reference/proxy-api.md; REFERENCE: containerd sends
-the header on its first request, a HEAD, then fetches by digest)."""
+the header on its first request, a HEAD, then fetches by digest); alone, and behind the
+shipped nginx front."""
 
 from __future__ import annotations
 
@@ -26,12 +27,22 @@ H200 = {"nvidia": nvidia_features((12, 8), (9, 0)), "x86_64": {"level": ["v4", "
 OLD_CPU = {"x86_64": {"level": ["v2", "v1"]}}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["alone", "nginx"])
 def proxy(
-    registry: RunningRegistry, tmp_path_factory: pytest.TempPathFactory
+    registry: RunningRegistry,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> Iterator[devstack.Service]:
+    """The proxy alone, and behind the shipped nginx front (which pulls go to)."""
     service = devstack.start_proxy(registry.url, tmp_path_factory.mktemp("ctrd-proxy"))
-    yield service
+    front = None
+    if request.param == "nginx":
+        front = devstack.start_nginx_front(
+            registry.host, service.address, tmp_path_factory.mktemp("ctrd-nginx")
+        )
+    yield front or service
+    if front is not None:
+        front.stop()
     service.stop()
 
 

@@ -84,10 +84,16 @@ class Stack:
         return str(path)
 
     def publish(
-        self, repo: str, labels: list[str], bare: bool = True, via_proxy: bool = False
+        self,
+        repo: str,
+        labels: list[str],
+        bare: bool = True,
+        via_proxy: bool = False,
+        via: str | None = None,
     ) -> str:
-        """Build and `docker variant push` one image per label (and a bare one); returns REF."""
-        registry = self.proxy.address if via_proxy else self.registry.address
+        """Build and `docker variant push` one image per label (and a bare one) to the
+        registry, the proxy (``via_proxy``) or the address ``via``; returns REF."""
+        registry = via or (self.proxy.address if via_proxy else self.registry.address)
         for label in labels:
             ref = f"{registry}/{repo}:1.0.0-{label}"
             self.build(ref, label, f"{repo} {label}\n")
@@ -218,6 +224,30 @@ def test_pull_through_the_proxy_uses_variants_api(stack: Stack) -> None:
     chosen = stack.docker("variant", "resolve", "--providers-file", stack.host_file("h200"), own)
     assert (chosen.returncode, chosen.stdout.strip()) == (0, own), chosen.stderr
     assert after.get("manifest", 0) == before.get("manifest", 0)
+
+
+def test_push_and_pull_through_the_nginx_front(stack: Stack, tmp_path: Path) -> None:
+    """The shipped nginx front (deploy/nginx/variant-proxy.conf) before the registry and the
+    proxy: `docker variant push` and `pull` through it, the choice made by the proxy's
+    `_variants` behind it, and a plain `docker pull` of the version gets the bare image."""
+    front = devstack.start_nginx_front(
+        stack.registry.address, stack.proxy.address, tmp_path / "nginx"
+    )
+    try:
+        before = stack.proxy_requests()
+        ref = stack.publish("e2e/fronted", ["cu128", "v3", "null"], via=front.address)
+        result = stack.docker("variant", "pull", "--providers-file", stack.host_file("h200"), ref)
+        assert result.returncode == 0, result.stderr
+        assert 'Selected variant "cu128"' in result.stdout
+        assert stack.image_id(ref) == stack.image_id(f"{ref}-cu128")
+        after = stack.proxy_requests()
+        assert after.get("variants", 0) > before.get("variants", 0)  # answered behind nginx
+        stack.forget(front.address, "e2e/fronted")
+        stack.docker("pull", "-q", ref, check=True)  # variant-unaware: the bare image
+        stack.docker("pull", "-q", f"{ref}-v3", check=True)
+        assert stack.image_id(ref) != stack.image_id(f"{ref}-v3")
+    finally:
+        front.stop()
 
 
 def test_bare_image_only_when_no_variant_fits(stack: Stack) -> None:

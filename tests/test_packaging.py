@@ -28,9 +28,7 @@ def test_every_data_file_of_the_package_is_package_data() -> None:
     data = [
         path.relative_to(PACKAGE).as_posix()
         for path in PACKAGE.rglob("*")
-        if path.is_file()
-        and path.suffix not in (".py", ".pyc")
-        and "__pycache__" not in path.parts
+        if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts
     ]
     assert "openapi/scheduler.json" in data and "py.typed" in data
     for name in data:

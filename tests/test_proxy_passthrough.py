@@ -334,7 +334,9 @@ def test_blob_pass_through_forwards_headers_and_refusals(
         assert dropped not in sent.headers
 
 
-def test_blob_pass_through_keeps_chunked_answers_whole(fake_proxy: tuple[FakeUpstream, ProxyServer]) -> None:
+def test_blob_pass_through_keeps_chunked_answers_whole(
+    fake_proxy: tuple[FakeUpstream, ProxyServer],
+) -> None:
     fake, proxy = fake_proxy
     data = os.urandom(300_000)
     digest = sha256_digest(data)

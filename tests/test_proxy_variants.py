@@ -25,7 +25,7 @@ from imaging import (
     sha256_digest,
     variant_labels,
 )
-from proxyrunner import ProxyServer, eventually
+from proxyrunner import FRONTS, FrontedProxy, ProxyServer, eventually, proxy_for
 
 pytestmark = pytest.mark.e2e
 
@@ -75,9 +75,10 @@ def images(registry: RunningRegistry, image_builder: ImageBuilder) -> dict[str, 
     return pushed
 
 
-@pytest.fixture(scope="module")
-def proxy(registry: RunningRegistry) -> Iterator[ProxyServer]:
-    with ProxyServer(registry.url, cache_ttl=3600) as running:
+@pytest.fixture(scope="module", params=FRONTS)
+def proxy(registry: RunningRegistry, request: pytest.FixtureRequest) -> Iterator[ProxyServer]:
+    """The proxy alone, and behind the shipped nginx front."""
+    with proxy_for(registry.host, registry.url, request.param, cache_ttl=3600) as running:
         yield running
 
 
@@ -283,7 +284,7 @@ def _labels_of(proxy: ProxyServer, repository: str, version: str) -> set[str]:
 def test_manifest_put_and_delete_through_the_proxy_invalidate(
     registry: RunningRegistry, proxy: ProxyServer, image_builder: ImageBuilder
 ) -> None:
-    repo = "pv/inval"
+    repo = "pv/inval-front" if isinstance(proxy, FrontedProxy) else "pv/inval"  # both runs
     image_builder.build_and_push(
         f"{registry.host}/{repo}:2.0-cu128", variant_labels("cu128", nvidia__sm_arch="90_real")
     )
