@@ -151,8 +151,11 @@ def start_registry(
     *,
     access_log: bool = False,
     notify: tuple[str, str] | None = None,
+    remote: str | None = None,
 ) -> Service:
     """Debian's ``docker-registry`` (distribution 2.8) on a free loopback port; with
+    ``remote`` (a registry URL) a pull-through cache of that registry (distribution's proxy
+    mode: read-only, each blob fetched from the remote once); with
     ``access_log`` it writes one combined-format line per request to its log (request
     counts in tests and benchmarks: ``registry_requests``); with ``notify`` = (URL, secret)
     it POSTs its push/delete events there with ``Authorization: Bearer <secret>``."""
@@ -176,6 +179,8 @@ def start_registry(
             "  delete:",
             "    enabled: true",
         ]
+        if remote is not None:
+            lines += ["proxy:", f"  remoteurl: {remote}"]
         if htpasswd is not None:
             lines += ["auth:", "  htpasswd:", f"    realm: {realm}", f"    path: {htpasswd}"]
         if notify is not None:

@@ -1,0 +1,80 @@
+"""The deployment around variant-proxy: the shipped nginx front (``deploy/nginx/``) passes
+the distribution API as the registry alone does, and a pull-through cache (distribution's
+proxy mode) between the proxy and a remote registry reads each blob from the remote on its first pull only."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import devstack
+import ociconformance
+from imaging import OCI_MANIFEST, push_blob, push_manifest, raw_manifest, variant_labels
+from proxyrunner import eventually
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, devstack.Service]]:
+    """A registry, variant-proxy in front of it, and the nginx front before both."""
+    root = tmp_path_factory.mktemp("front")
+    registry = devstack.start_registry(root / "registry")
+    proxy = devstack.start_proxy(registry.url, root / "proxy")
+    front = devstack.start_nginx_front(registry.address, proxy.address, root / "nginx")
+    yield {"registry": registry, "proxy": proxy, "nginx": front}
+    for service in (front, proxy, registry):
+        service.stop()
+
+
+def test_conformance_fails_nothing_the_registry_passes(
+    deployment: dict[str, devstack.Service],
+) -> None:
+    results = {
+        name: ociconformance.run(service.url, f"conformance/{name}")
+        for name, service in deployment.items()
+    }
+    direct = results["registry"]
+    passed = sorted(check for check, outcome in direct.items() if outcome == "pass")
+    assert len(passed) >= 14, direct  # the registry itself passes the workflows
+    for name in ("proxy", "nginx"):
+        lost = {check: results[name][check] for check in passed if results[name][check] != "pass"}
+        assert not lost, f"through {name}: {lost}"
+
+
+def test_a_pull_through_cache_behind_the_proxy_reads_the_remote_once(tmp_path: Path) -> None:
+    remote = devstack.start_registry(tmp_path / "remote", access_log=True)
+    mirror = devstack.start_registry(tmp_path / "mirror", remote=remote.url)
+    proxy = devstack.start_proxy(mirror.url, tmp_path / "proxy")
+    try:
+        config = b'{"architecture": "amd64", "os": "linux", "config": {"Labels": %s}}'
+        labels = variant_labels("cu128", nvidia__cuda_version_lower_bound="12.8")
+        body = config % json.dumps(labels).encode()
+        layer = b"layer bytes " * 1000
+        push_blob(remote.url, "far/app", body)
+        digest = push_blob(remote.url, "far/app", layer)
+        push_manifest(remote.url, "far/app", "1.0-cu128", raw_manifest(body, [layer]), OCI_MANIFEST)
+        index = httpx.get(f"{proxy.url}/v2/far/app/_variants/1.0", timeout=30)
+        assert index.status_code == 200, index.text
+        assert list(index.json()["variants"]) == ["cu128"]
+        hexdigest = digest.removeprefix("sha256:")
+        stored = mirror.root / "storage/docker/registry/v2/blobs/sha256" / hexdigest[:2]
+        blob_path = f"/v2/far/app/blobs/{digest}"
+        first = 0
+        for node in range(3):  # three nodes pull the layer through the proxy
+            got = httpx.get(f"{proxy.url}{blob_path}", timeout=30)
+            assert got.status_code == 200 and got.content == layer
+            if node == 0:  # the mirror stores what it streamed once the first pull is done
+                eventually(lambda: (stored / hexdigest / "data").exists(), 20, "blob mirrored")
+                first = devstack.registry_requests(remote).count(blob_path)
+        # distribution's first fetch may read the remote twice (the caller's stream and the
+        # copy it stores); every later pull is served by the mirror
+        assert first >= 1
+        assert devstack.registry_requests(remote).count(blob_path) == first
+    finally:
+        for service in (proxy, mirror, remote):
+            service.stop()
