@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import io
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable
@@ -25,14 +27,42 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "devtools"))
 import devstack
-from bench_proxy import push_variants
 from docker_variant.oci.client import RegistryClient
 from docker_variant.oci.scan import read_version
+from imaging import OCI_MANIFEST, push_blob, push_manifest, raw_manifest
 
 H200 = {
     "nvidia": {"cuda_version_lower_bound": ["12.8", "12.7", "12"], "sm_arch": ["90_real"]},
     "x86_64": {"level": ["v4", "v3", "v2", "v1"]},
 }
+
+
+def small_layer() -> bytes:
+    """A gzip-compressed tar of one 1 KiB file: the smallest layer a publisher accepts."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        data = os.urandom(1024)
+        member = tarfile.TarInfo("data.bin")
+        member.size = len(data)
+        tar.addfile(member, io.BytesIO(data))
+    return out.getvalue()
+
+
+def push_variants(base: str, repo: str, count: int) -> None:
+    """``count`` variant images of version 1.0.0 sharing one small layer."""
+    layer = small_layer()
+    push_blob(base, repo, layer)
+    for i in range(count):
+        labels = {
+            "dev.pep817.variant-label": f"v{i}",
+            "dev.pep817.variant.nvidia.cuda_version_lower_bound": f"12.{i % 10}",
+            "dev.pep817.variant.x86_64.level": f"v{1 + i % 4}",
+        }
+        config = json.dumps(
+            {"architecture": "amd64", "os": "linux", "config": {"Labels": labels}}
+        ).encode()
+        push_blob(base, repo, config)
+        push_manifest(base, repo, f"1.0.0-v{i}", raw_manifest(config, [layer]), OCI_MANIFEST)
 
 
 def median_ms(fn: Callable[[], object], repeat: int) -> float:

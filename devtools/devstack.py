@@ -263,13 +263,20 @@ def nginx_binary() -> str | None:
     return found
 
 
-def start_nginx(server_conf: str, root: Path, port: int, timeout: float = 15) -> Service:
-    """nginx running ``server_conf`` (http-level directives: upstreams, maps, servers that
-    listen on ``port``) as one worker, everything it writes under ``root``."""
+def start_nginx(site: Callable[[int], str], root: Path, timeout: float = 15) -> Service:
+    """nginx running ``site(port)`` (http-level directives: upstreams, maps, servers that
+    listen on ``127.0.0.1:port``, a free loopback port) as one worker, everything it writes
+    under ``root``."""
     binary = nginx_binary()
     if binary is None:
         raise StartError("nginx is not installed (Debian package nginx-light)")
     root.mkdir(parents=True, exist_ok=True)
+    return _on_free_port(
+        lambda port: _start_nginx(binary, site(port), root, port, timeout), "nginx"
+    )
+
+
+def _start_nginx(binary: str, server_conf: str, root: Path, port: int, timeout: float) -> Service:
     temp = " ".join(
         f"{kind}_temp_path {root}/{kind};"
         for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
@@ -300,15 +307,14 @@ def start_nginx_front(registry: str, proxy: str, root: Path) -> Service:
         if shipped.count(placeholder) != 1:
             raise StartError(f"{NGINX_FRONT}: expected one {placeholder!r} to set")
 
-    def start(port: int) -> Service:
-        conf = (
+    def site(port: int) -> str:
+        return (
             shipped.replace(_FRONT_PLACEHOLDERS[0], f"server {registry};")
             .replace(_FRONT_PLACEHOLDERS[1], f"server {proxy};")
             .replace(_FRONT_PLACEHOLDERS[2], f"listen 127.0.0.1:{port};")
         )
-        return start_nginx(conf, root, port)
 
-    return _on_free_port(start, "nginx")
+    return start_nginx(site, root)
 
 
 def start_redis(root: Path, timeout: float = 15) -> Service:

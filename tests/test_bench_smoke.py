@@ -17,26 +17,19 @@ SCRIPTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "bench_selection.py": ((), ("ratio ours / variantlib", "ratio resolve / bare python")),
     "bench_publish.py": (("docker-registry",), ("scan/index",)),
     "bench_proxy.py": (
-        ("docker-registry", "curl"),
+        ("docker-registry", "curl", "nginx"),
         (
             "ratio proxy/direct",
-            "bare uvloop relay",
-            "lean Python proxy",
-            "steady traffic",
+            "ratio relay/direct",
+            "ratio resolved/plain through the front",
+            "ratio proxy alone/nginx default config",
             "load average",
             "client/warm",
         ),
     ),
-    "bench_proxy_ab.py": (("docker-registry", "git"), ("CPU per GET against", "relay")),
-    "bench_quickread.py": ((), ("ratio proxy/relay",)),
     "bench_pull.py": (("docker-registry", "dockerd", "skopeo"), ("ratio", "fixed cost")),
     "bench_scheduler.py": ((), ("ratio",)),
     "bench_inspect.py": ((), ("ratio",)),
-}
-# script -> what its output must not contain
-ABSENT: dict[str, tuple[str, ...]] = {
-    # each revision is measured as installed: its C head readers built and serving
-    "bench_proxy_ab.py": ("(no C)",),
 }
 
 
@@ -58,5 +51,3 @@ def test_the_benchmark_runs_at_its_tiny_size(script: str) -> None:
     )
     for text in expected:
         assert text in done.stdout, f"{script} --tiny printed no {text!r} line:\n{done.stdout}"
-    for text in ABSENT.get(script, ()):
-        assert text not in done.stdout, f"{script} --tiny printed {text!r}:\n{done.stdout}"
