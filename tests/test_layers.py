@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
         "retry",
         "localcache",
         "lazy",
+        "pluginmeta",
         "openapi",
         "oci.grammar",
         "oci.mediatypes",
@@ -34,6 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("vendors",),
     ("variant",),
+    ("api",),  # the wire shapes the node agent and the scheduler share
     ("providers",),
     ("oci",),
     ("docker",),
@@ -108,8 +110,67 @@ def test_the_scheduler_server_never_detects() -> None:
     assert offenders == []
 
 
+def test_the_node_agent_never_imports_the_scheduler() -> None:
+    """The agent runs on every node: it speaks the wire shapes of ``api/`` and never loads
+    the scheduler's server (SQLAlchemy, Starlette, Jinja2, prometheus_client)."""
+    offenders = []
+    for path in sorted((PACKAGE / "agent").rglob("*.py")):
+        for target in imported(ast.parse(path.read_text(encoding="utf-8"))):
+            if target.split(".")[0] in {"scheduler", "proxy"}:
+                offenders.append(f"{module_name(path)} -> {target}")
+    assert offenders == []
+
+
 def test_the_map_in_the_package_docstring_names_every_package() -> None:
     doc = docker_variant.__doc__ or ""
     packages = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
     missing = [name for name in packages if f"``{name}``" not in doc]
     assert missing == []
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Each module of the package and the package modules it imports (anywhere in it)."""
+    modules = {module_name(path): path for path in PACKAGE.rglob("*.py") if module_name(path)}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        targets = set()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        named = {  # ``from docker_variant.cli import plugin``: the module cli.plugin
+            f"{node.module.removeprefix('docker_variant.')}.{alias.name}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith("docker_variant.")
+            for alias in node.names
+        }
+        for target in imported(tree) | (named & modules.keys()):
+            # ``from docker_variant.oci import client`` names a module or a package's name
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                targets.add(target)
+        graph[module] = targets
+    return graph
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """No module reaches itself through imports, those inside functions included (a module
+    naming its own package, to import a sibling, is not an arrow back to the package)."""
+    graph = _module_graph()
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if module.startswith(target + "."):
+                continue  # a module naming its own package (``from docker_variant.cli import k8s``)
+            if state.get(target) == 1:
+                cycles.append(" -> ".join([*path[path.index(target) :], target]))
+            elif target not in state:
+                visit(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []

@@ -5,12 +5,13 @@ The package map, bottom first. Each layer imports only its own layer and those b
 
 - base rules every layer may use: ``errors`` (one exception tree, each error with its exit
   code), ``numbers``, ``jsondoc`` and ``tomldoc`` (bounded readers of untrusted numbers, JSON
-  and TOML, sharing ``textdoc``), ``safetext`` (untrusted text made safe to print), ``retry`` (jittered backoff), ``lazy`` (package attributes imported on first use),
+  and TOML, sharing ``textdoc``), ``safetext`` (untrusted text made safe to print), ``retry`` (jittered backoff), ``lazy`` (package attributes imported on first use), ``pluginmeta`` (the Docker CLI plugin's metadata),
   ``localcache``, ``openapi`` (the servers' API documents), and the pure wire rules of
   ``oci``: ``oci.grammar``, ``oci.mediatypes``, ``oci.errcode``
 - ``vendors``   one module per accelerator vendor: value grammar and order, what runs where,
   product names, DRA attributes (NVIDIA, AMD, descriptor namespaces)
 - ``variant``   the model on variantlib: properties, labels, index documents, ordering, selection
+- ``api``       the wire shapes the node agent and the scheduler share (the names a heartbeat carries)
 - ``providers`` what this host and each of its devices supports (CPU plugins, NVML, KFD
   sysfs, device descriptors, ``--gpus``)
 - ``oci``       the registry client (one HTTP client factory), the scan and the image index

@@ -18,18 +18,7 @@ import gc
 import os
 import sys
 
-from docker_variant import __version__
-
-PLUGIN_METADATA = {
-    "SchemaVersion": "0.1.0",
-    "Vendor": "docker-variant",
-    "Version": __version__,
-    "ShortDescription": "Pull the best PEP 817 variant of an image for this host",
-}
-#: ``json.dumps(PLUGIN_METADATA)``, written out: every value is ASCII without quotes or
-#: backslashes (a PEP 440 version is), and the probe then needs no json module.
-PLUGIN_METADATA_JSON = "{" + ", ".join(f'"{k}": "{v}"' for k, v in PLUGIN_METADATA.items()) + "}"
-
+from docker_variant.pluginmeta import PLUGIN_METADATA_JSON
 
 #: Optional imports that libraries make whenever the package is installed, and that this
 #: process never uses. Each library falls back cleanly when the import fails, which a ``None``

@@ -15,8 +15,8 @@ from typing import Annotated
 
 import typer
 
-from docker_variant.entry import PLUGIN_METADATA_JSON
 from docker_variant.errors import InvalidInputError
+from docker_variant.pluginmeta import PLUGIN_METADATA_JSON
 
 __all__ = ["install_plugin", "plugin_args", "plugin_script"]
 
@@ -75,7 +75,7 @@ def plugin_script(executable: Path) -> str:
     """The plugin: answers Docker's metadata probe while ``executable`` is not newer than
     the script, and runs ``executable`` with its arguments otherwise."""
     command = shlex.quote(str(executable))
-    # the JSON holds no single quote (entry.PLUGIN_METADATA_JSON), so it quotes as it is
+    # the JSON holds no single quote (pluginmeta.PLUGIN_METADATA_JSON), so it quotes as it is
     return (
         "#!/bin/sh\n"
         "# Written by `docker-variant install-plugin`: Docker CLI plugin for docker-variant.\n"

@@ -1,0 +1,20 @@
+"""The Docker CLI plugin's metadata: what ``docker-variant docker-cli-plugin-metadata``
+answers, and what the installed plugin script echoes without starting Python. Kept apart
+from the CLI so that the probe (``entry``) and ``install-plugin`` (``cli.plugin``) share it
+without importing each other."""
+
+from __future__ import annotations
+
+from docker_variant import __version__
+
+__all__ = ["PLUGIN_METADATA", "PLUGIN_METADATA_JSON"]
+
+PLUGIN_METADATA = {
+    "SchemaVersion": "0.1.0",
+    "Vendor": "docker-variant",
+    "Version": __version__,
+    "ShortDescription": "Pull the best PEP 817 variant of an image for this host",
+}
+#: ``json.dumps(PLUGIN_METADATA)``, written out: every value is ASCII without quotes or
+#: backslashes (a PEP 440 version is), and the probe then needs no json module.
+PLUGIN_METADATA_JSON = "{" + ", ".join(f'"{k}": "{v}"' for k, v in PLUGIN_METADATA.items()) + "}"
