@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,31 @@ def test_bad_descriptors_name_the_file_and_the_key(tmp_path: Path, text: str, ke
     message = str(caught.value)
     assert str(path) in message and key in message, message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "symlink-loop", "huge", "not-utf8"])
+def test_hostile_descriptor_files_are_refused_without_waiting(tmp_path: Path, kind: str) -> None:
+    """Where a descriptor should be: a FIFO nobody writes (opened without blocking), a link
+    to /dev/zero (never read on), a symlink loop, a file over the size bound, bytes that
+    are not UTF-8. Each is one line naming the file, never a hang."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    path = folder / "x.toml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "symlink-loop":
+        path.symlink_to(folder / "y.toml")
+        (folder / "y.toml").symlink_to(path)
+    elif kind == "huge":
+        path.write_bytes(b"# " + b"x" * (2 << 20))
+    else:
+        path.write_bytes(b'namespace = "\xff"\n')
+    with pytest.raises(InvalidInputError) as caught:
+        read_descriptors([folder])
+    message = str(caught.value)
+    assert str(path) in message and "\n" not in message, message
 
 
 def test_two_files_of_one_directory_for_one_namespace(tmp_path: Path) -> None:

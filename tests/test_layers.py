@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     # pure rules every layer may use: errors, bounded readers, the wire grammar
     (
         "errors",
-        "numbers",
+        "numtext",
         "jsondoc",
         "tomldoc",
         "textdoc",

@@ -4,7 +4,7 @@ The package map, bottom first. Each layer imports only its own layer and those b
 (``tests/test_layers.py`` keeps it so):
 
 - base rules every layer may use: ``errors`` (one exception tree, each error with its exit
-  code), ``numbers``, ``jsondoc`` and ``tomldoc`` (bounded readers of untrusted numbers, JSON
+  code), ``numtext``, ``jsondoc`` and ``tomldoc`` (bounded readers of untrusted numbers, JSON
   and TOML, sharing ``textdoc``), ``safetext`` (untrusted text made safe to print), ``retry`` (jittered backoff), ``lazy`` (package attributes imported on first use), ``pluginmeta`` (the Docker CLI plugin's metadata),
   ``localcache``, ``openapi`` (the servers' API documents), and the pure wire rules of
   ``oci``: ``oci.grammar``, ``oci.mediatypes``, ``oci.errcode``

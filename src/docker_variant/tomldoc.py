@@ -10,7 +10,9 @@ Python's int included, is one ``InvalidInputError`` line naming the file and the
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import sys
 import tomllib
 from pathlib import Path
@@ -62,11 +64,20 @@ def load_toml(
 
 
 def read_toml_file(path: str | Path, what: str, *, max_bytes: int = MAX_BYTES) -> dict[str, Any]:
-    """A TOML file, read up to ``max_bytes`` (and one byte more, to tell it is over)."""
+    """A TOML file, read up to ``max_bytes`` (and one byte more, to tell it is over). Only a
+    regular file is read: a FIFO, a device (``/dev/zero``) or a socket is refused without
+    waiting on it, and a symlink loop is a failure to open."""
     try:
-        with Path(path).open("rb") as handle:
-            data = handle.read(max_bytes + 1)
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise InvalidInputError(f"{what}: cannot read it ({reason})") from None
+    with os.fdopen(descriptor, "rb") as handle:
+        try:
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                raise InvalidInputError(f"{what}: not a regular file")
+            data = handle.read(max_bytes + 1)
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            raise InvalidInputError(f"{what}: cannot read it ({reason})") from None
     return load_toml(data, what, max_bytes=max_bytes)

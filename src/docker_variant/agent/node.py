@@ -57,7 +57,7 @@ from docker_variant.errors import (
     one_line,
 )
 from docker_variant.jsondoc import load_json
-from docker_variant.numbers import is_number
+from docker_variant.numtext import is_number
 from docker_variant.oci.errcode import read_error
 from docker_variant.oci.http import sync_client
 from docker_variant.providers import detect_host

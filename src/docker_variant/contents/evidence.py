@@ -17,7 +17,7 @@ from docker_variant.contents.fatbin import FatbinError, read_fatbins
 from docker_variant.contents.offload import read_bundles
 from docker_variant.errors import InvalidInputError
 from docker_variant.jsondoc import load_json
-from docker_variant.numbers import DIGITS
+from docker_variant.numtext import DIGITS
 
 __all__ = [
     "AARCH64_FEATURES",

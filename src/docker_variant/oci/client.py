@@ -25,7 +25,7 @@ import httpx
 
 from docker_variant.errors import DockerVariantError, InvalidInputError, one_line
 from docker_variant.jsondoc import load_json
-from docker_variant.numbers import is_number
+from docker_variant.numtext import is_number
 from docker_variant.oci.auth import RegistryAuth, registry_ca_files
 from docker_variant.oci.errcode import ERROR_BODY_LIMIT, ErrorCode, read_error
 from docker_variant.oci.errors import (

@@ -19,7 +19,7 @@ import httpx
 
 from docker_variant import __version__
 from docker_variant.errors import InvalidInputError, UnreachableError
-from docker_variant.numbers import is_number
+from docker_variant.numtext import is_number
 
 __all__ = [
     "DEFAULT_TIMEOUT",

@@ -114,7 +114,7 @@ def download_index(
     import httpx
 
     from docker_variant.jsondoc import load_json
-    from docker_variant.numbers import is_number
+    from docker_variant.numtext import is_number
     from docker_variant.oci.http import sync_client
 
     what = f"index {url}"

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from docker_variant.errors import InvalidInputError
-from docker_variant.numbers import DIGITS, is_number, parse_version
+from docker_variant.numtext import DIGITS, is_number, parse_version
 from docker_variant.providers.hostroot import HostRoot
 from docker_variant.vendors import amd as rules
 

@@ -15,15 +15,15 @@ namespace keyed by its PCI address; the host's lists merge the matched devices' 
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from docker_variant import vendors
-from docker_variant.errors import InvalidInputError, one_line
+from docker_variant.errors import InvalidInputError
 from docker_variant.providers.hostroot import HostRoot
 from docker_variant.providers.pci import PciDevice, read_pci_devices
+from docker_variant.tomldoc import read_toml_file
 from docker_variant.vendors.descriptor import Descriptor, parse_descriptor
 
 __all__ = [
@@ -73,23 +73,7 @@ def descriptor_dirs(
 
 
 def _read_one(path: Path) -> Descriptor:
-    try:
-        with path.open("rb") as stream:
-            raw = stream.read(MAX_DESCRIPTOR_BYTES + 1)
-    except OSError as exc:
-        raise InvalidInputError(f"descriptor {path}: cannot read it: {exc.strerror}") from exc
-    if len(raw) > MAX_DESCRIPTOR_BYTES:
-        raise InvalidInputError(
-            f"descriptor {path}: larger than {MAX_DESCRIPTOR_BYTES // 1024} KiB"
-        )
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise InvalidInputError(f"descriptor {path}: not UTF-8 text") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidInputError(f"descriptor {path}: not valid TOML: {one_line(str(exc))}") from exc
-    except RecursionError as exc:
-        raise InvalidInputError(f"descriptor {path}: nested too deeply") from exc
+    data = read_toml_file(path, f"descriptor {path}", max_bytes=MAX_DESCRIPTOR_BYTES)
     return parse_descriptor(data, str(path), vendors.BUILTIN_NAMESPACES)
 
 
@@ -99,7 +83,7 @@ def read_descriptors(dirs: Sequence[Path]) -> list[Descriptor]:
     chosen: dict[str, Descriptor] = {}
     for directory in dirs:
         try:
-            paths = sorted(p for p in directory.glob("*.toml") if p.is_file())
+            paths = sorted(directory.glob("*.toml"))  # a non-regular one is refused, not skipped
         except OSError:
             continue
         here: dict[str, Descriptor] = {}

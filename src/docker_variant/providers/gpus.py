@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from docker_variant import vendors
 from docker_variant.errors import InvalidInputError
-from docker_variant.numbers import parse_number
+from docker_variant.numtext import parse_number
 from docker_variant.providers.report import HostReport
 from docker_variant.variant.model import SupportedLists
 

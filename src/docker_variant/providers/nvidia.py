@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from docker_variant.errors import InvalidInputError
-from docker_variant.numbers import DIGITS, is_number
+from docker_variant.numtext import DIGITS, is_number
 from docker_variant.vendors import nvidia as rules
 
 __all__ = [

@@ -31,7 +31,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from docker_variant.numbers import DIGITS
+from docker_variant.numtext import DIGITS
 from docker_variant.vendors.base import DraMapping, NamespaceRules, ValueRule, clauses_in_order
 
 __all__ = [

@@ -29,7 +29,7 @@ import re
 from collections.abc import Sequence
 from functools import partial
 
-from docker_variant.numbers import DIGITS
+from docker_variant.numtext import DIGITS
 from docker_variant.vendors.base import DraMapping, NamespaceRules, ValueRule, clauses_in_order
 
 __all__ = [
