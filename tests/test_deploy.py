@@ -119,16 +119,43 @@ def test_services_probes_and_budgets_match_their_pods() -> None:
         assert len(matched) == 1, name
         ports = {p["name"] for c in matched[0]["spec"]["containers"] for p in c.get("ports", [])}
         assert {p["targetPort"] for p in service["spec"]["ports"]} <= ports, name
-    for name in ("variant-proxy", "variant-scheduler"):
-        container = pods[name]["spec"]["containers"][0]
+    # the container that serves each workload's port: the scheduler, and the proxy's nginx
+    # front (whose TLS is on its listen line, test_the_proxy_pods_run_the_shipped_front)
+    for name, serving in (("variant-proxy", "front"), ("variant-scheduler", "variant-scheduler")):
+        container = next(c for c in pods[name]["spec"]["containers"] if c["name"] == serving)
         for probe in ("livenessProbe", "readinessProbe"):
             assert container[probe]["httpGet"]["path"].startswith("/healthz"), (name, probe)
-            assert container[probe]["httpGet"]["scheme"] == "HTTPS"  # served with --tls-cert
-        assert any(a.startswith("--tls-cert=") for a in container["args"])
+            assert container[probe]["httpGet"]["scheme"] == "HTTPS", (name, probe)
+        if name == "variant-scheduler":
+            assert any(a.startswith("--tls-cert=") for a in container["args"])
         budget = _kind("PodDisruptionBudget")[name]
         labels = pods[name]["metadata"]["labels"]
         assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
         assert budget["spec"]["minAvailable"] < _kind("Deployment")[name]["spec"]["replicas"]
+
+
+def test_the_proxy_pods_run_the_shipped_front() -> None:
+    """The ConfigMap holds deploy/nginx/variant-proxy.conf itself, its placeholders set to
+    the cluster's registry, the proxy on the pod's loopback and a TLS listener; the proxy
+    listens on that loopback address only."""
+    shipped = (DEPLOY / "nginx/variant-proxy.conf").read_text()
+    pod = dict(_workloads())["variant-proxy"]["spec"]
+    proxy = next(c for c in pod["containers"] if c["name"] == "variant-proxy")
+    listen = next(a for a in proxy["args"] if a.startswith("--listen=")).split("=", 1)[1]
+    upstream = next(a for a in proxy["args"] if a.startswith("--upstream=")).split("=", 1)[1]
+    assert listen.startswith("127.0.0.1:")
+    expected = (
+        shipped.replace("server registry:5000;", f"server {upstream.removeprefix('http://')};")
+        .replace("server variant-proxy:5080;", f"server {listen};")
+        .replace(
+            "listen 5000;",
+            "listen 5080 ssl;\n    ssl_certificate /etc/variant-proxy/tls/tls.crt;\n"
+            "    ssl_certificate_key /etc/variant-proxy/tls/tls.key;",
+        )
+    )
+    assert expected != shipped
+    config = _kind("ConfigMap")["variant-proxy-nginx"]["data"]["variant-proxy.conf"]
+    assert config == expected
 
 
 def test_network_policies_deny_by_default_and_keep_redis_to_the_proxies() -> None:
