@@ -283,7 +283,9 @@ def _start_nginx(binary: str, server_conf: str, root: Path, port: int, timeout: 
     )
     (root / "site.conf").write_text(server_conf)
     (root / "nginx.conf").write_text(
-        f"worker_processes 1; daemon off; pid {root}/nginx.pid; error_log {root}/error.log;\n"
+        # as root, nginx's worker would run as nobody, who may not write the temp paths here
+        ("user root;\n" if os.geteuid() == 0 else "")
+        + f"worker_processes 1; daemon off; pid {root}/nginx.pid; error_log {root}/error.log;\n"
         "events { worker_connections 512; }\n"
         f"http {{ access_log off; {temp} include {root}/site.conf; }}\n"
     )

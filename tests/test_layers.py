@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
         "oci.grammar",
         "oci.mediatypes",
         "oci.errcode",
+        "oci.extension",
     ),
     ("vendors",),
     ("variant",),

@@ -12,12 +12,13 @@ from docker_variant.cli.options import IndexOpt, options_of
 from docker_variant.cli.output import emit_json, warn
 from docker_variant.cli.select import Target, target_of
 from docker_variant.safetext import safe_text
+from docker_variant.vendors import nvidia
 
 __all__ = ["K8S_DEFAULT_DEVICE_CLASS", "K8S_MAX_COUNT", "claim_name_hint", "k8s_app"]
 
-# k8s.claim's DEFAULT_DEVICE_CLASS and MAX_COUNT, written out so that building the command
-# line does not import the k8s package (20 to 45 ms); tests/test_cli_cost.py checks they agree.
-K8S_DEFAULT_DEVICE_CLASS = "gpu.nvidia.com"
+# k8s.claim's DEFAULT_DEVICE_CLASS and MAX_COUNT, without importing the k8s package to build
+# the command line (vendors/ is loaded already); tests/test_cli_cost.py checks they agree.
+K8S_DEFAULT_DEVICE_CLASS = nvidia.DRA_DOMAIN
 K8S_MAX_COUNT = 32
 
 k8s_app = typer.Typer(

@@ -21,6 +21,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from docker_variant.errors import InvalidInputError
+from docker_variant.oci.extension import PROPERTIES_HEADER
 from docker_variant.oci.reference import check_registry, registry_base_url
 from docker_variant.variant import SupportedLists
 
@@ -35,7 +36,7 @@ __all__ = [
     "write_hosts_toml",
 ]
 
-HEADER = "X-Variant-Properties"
+HEADER = PROPERTIES_HEADER
 #: Above this a header line may be refused by proxies on the way (nginx's default buffer).
 HEADER_WARN_BYTES = 8 * 1024
 CAPABILITIES = ("pull", "resolve")

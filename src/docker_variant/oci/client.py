@@ -36,6 +36,7 @@ from docker_variant.oci.errors import (
     RegistryError,
     UpstreamUnavailableError,
 )
+from docker_variant.oci.extension import EXTENSION, variants_path
 from docker_variant.oci.grammar import digest_problem, is_digest
 from docker_variant.oci.http import async_client, sync_client, tls_with
 from docker_variant.oci.imageindex import stated_platform
@@ -252,7 +253,7 @@ class _RegistryReads:
         check_repository(repository)
         check_manifest_reference(version)
         what = f"variant index of {repository}:{version}"
-        url = f"{self.base_url}/v2/{repository}/_variants/{version}"
+        url = self.base_url + variants_path(repository, version)
         headers = {"Cache-Control": "no-cache"} if refresh else None
         try:
             response, body = yield _Get(url, what, _TAGS_LIMIT, headers=headers)
@@ -280,7 +281,7 @@ class _RegistryReads:
             return False
         extensions = data.get("extensions")
         return isinstance(extensions, list) and any(
-            isinstance(e, dict) and e.get("name") == "_variants" for e in extensions
+            isinstance(e, dict) and e.get("name") == EXTENSION for e in extensions
         )
 
     def read_manifest(self, repository: str, reference: str) -> Read[Manifest]:

@@ -17,6 +17,7 @@ from starlette.routing import Route as StarletteRoute
 from docker_variant.errors import InvalidInputError, one_line
 from docker_variant.jsondoc import load_json
 from docker_variant.oci.errcode import ErrorCode
+from docker_variant.oci.extension import PROPERTIES_HEADER
 from docker_variant.oci.grammar import name_problem
 from docker_variant.openapi import document as openapi_document
 from docker_variant.proxy.cache import IndexStore, open_store
@@ -29,11 +30,7 @@ from docker_variant.proxy.metrics import (
 )
 from docker_variant.proxy.names import PathError, Route, RouteKind, parse_v2_path
 from docker_variant.proxy.passthrough import Upstream, has_body
-from docker_variant.proxy.variants import (
-    PROPERTIES_HEADER,
-    VariantService,
-    discover_document,
-)
+from docker_variant.proxy.variants import VariantService, discover_document
 from docker_variant.server.auth import bearer_token
 from docker_variant.server.bodies import BodyTooLargeError, read_body
 from docker_variant.server.errors import oci_error

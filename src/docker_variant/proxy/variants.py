@@ -31,6 +31,7 @@ from docker_variant.oci.errors import (
     RegistryAuthError,
     UpstreamUnavailableError,
 )
+from docker_variant.oci.extension import EXTENSION, LABEL_HEADER, PROPERTIES_HEADER
 from docker_variant.oci.grammar import is_digest
 from docker_variant.oci.scan import read_version
 from docker_variant.proxy.cache import CachedIndex, IndexStore, Key
@@ -43,15 +44,8 @@ from docker_variant.variant import VariantIndex, select
 from docker_variant.variant.model import parse_supported_lists
 from docker_variant.variant.platform import platform_of_lists
 
-__all__ = [
-    "LABEL_HEADER",
-    "PROPERTIES_HEADER",
-    "VariantService",
-    "discover_document",
-]
+__all__ = ["VariantService", "discover_document"]
 
-PROPERTIES_HEADER = "x-variant-properties"
-LABEL_HEADER = "X-Variant-Label"
 _MAX_PROPERTIES_HEADER = 64 << 10
 _SCAN_CONCURRENCY = 8
 _CLAIM_POLL = 0.02  # seconds between looks for another replica's scan result
@@ -62,7 +56,7 @@ def discover_document() -> dict[str, object]:
     return {
         "extensions": [
             {
-                "name": "_variants",
+                "name": EXTENSION,
                 "url": "https://peps.python.org/pep-0825/",
                 "description": (
                     "PEP 817/825 variant index of an image version: "
@@ -70,7 +64,7 @@ def discover_document() -> dict[str, object]:
                     "'images', 'bare' and 'invalid'; HEAD/GET /v2/<name>/manifests/<version> "
                     "with X-Variant-Properties returns the best variant's manifest"
                 ),
-                "endpoints": ["_variants"],
+                "endpoints": [EXTENSION],
             }
         ]
     }
@@ -254,7 +248,7 @@ class VariantService:
                 ErrorCode.MANIFEST_INVALID,
                 f"invalid X-Variant-Properties header: {exc}; expected compact JSON "
                 '{"namespace": {"feature": ["value", ...]}}',
-                {"header": "X-Variant-Properties"},
+                {"header": PROPERTIES_HEADER},
             )
         result = await self.index_for(request, route.name, route.reference)
         if isinstance(result, Response):
@@ -278,7 +272,7 @@ class VariantService:
                 f"X-Variant-Properties ({reasons or 'the version has no images'})",
                 {c.label or c.tag: c.reason for c in selection.rejected},
             )
-        extra = {"Vary": "X-Variant-Properties"}
+        extra = {"Vary": PROPERTIES_HEADER}
         if best.label is not None:  # the bare image has no label: the header is left out
             extra[LABEL_HEADER] = best.label
         # By digest where the tag would not name this image: a platform's manifest inside
