@@ -29,6 +29,7 @@ from docker_variant.errors import DockerVariantError
 from docker_variant.jsondoc import load_json
 from docker_variant.oci.reference import parse_reference
 from docker_variant.proxy.names import PathError, RouteKind, parse_v2_path
+from docker_variant.proxy.passthrough import forwarded_headers
 from docker_variant.publish.matrix import parse_matrix
 from docker_variant.variant.index import VariantIndex
 
@@ -126,6 +127,32 @@ def route(data: bytes) -> None:
         ), (parsed, again)
 
 
+_HOP = {b"connection", b"keep-alive", b"te", b"trailer", b"transfer-encoding", b"upgrade", b"host"}
+
+
+def headers(data: bytes) -> None:
+    """The proxy's choice of request headers to send upstream, over any request head (its
+    header lines as a server hands them on, names in lower case): never a hop-by-hop one,
+    nor one that ``Connection`` names, nor a ``Content-Length`` beside chunked framing."""
+    fields = []
+    for line in data.split(b"\n")[1:]:
+        name, colon, value = line.rstrip(b"\r").partition(b":")
+        if colon:
+            fields.append((name.strip().lower(), value.strip()))
+    kept = forwarded_headers(fields)
+    names = {name for name, _ in kept}
+    assert not names & _HOP, (names, data)
+    named = {
+        token.strip().lower()
+        for name, value in fields
+        if name == b"connection"
+        for token in value.split(b",")
+    }
+    assert not names & named, (names, named)
+    if any(name == b"transfer-encoding" for name, _ in fields):
+        assert b"content-length" not in names, data
+
+
 TARGETS: dict[str, Target] = {
     "elf": elf,
     "fatbin": fatbin,
@@ -135,5 +162,6 @@ TARGETS: dict[str, Target] = {
     "index": index,
     "matrix": matrix,
     "route": route,
+    "headers": headers,
 }
 CORPUS = Path(__file__).resolve().parent / "corpus"
