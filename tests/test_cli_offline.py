@@ -6,12 +6,13 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from clirun import run_cli
+from clirun import cli_env, run_cli
 
 INDEX = {
     "$schema": "https://variants-schema.wheelnext.dev/peps/825/v0.1.1.json",
@@ -429,3 +430,33 @@ def test_the_plugin_answers_the_probe_itself_until_the_console_script_is_newer(
     os.utime(stub, (2_000_000_001, 2_000_000_001))  # the console script is newer: an upgrade
     assert json.loads(probe()) == {"Version": "9.9"}
     assert calls.read_text().splitlines()[-1] == "docker-cli-plugin-metadata"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["ls", "--index", "examples/pytorch-2.12.0.json", "--providers-file",
+         "examples/hosts/h200-r570.json"],
+        ["ls", "--json", "--index", "examples/pytorch-2.12.0.json"],
+        ["resolve", "--index", "examples/pytorch-2.12.0.json"],
+        ["providers", "--json"],
+        ["k8s", "claim", "--index", "examples/pytorch-2.12.0.json", "--count", "1"],
+    ],
+)  # fmt: skip
+def test_a_reader_that_goes_away_is_exit_141_not_1(args: list[str], tmp_path: Path) -> None:
+    """``docker variant ls ... | head``: the reader closes its end first. The command ends
+    quietly with 141 (128 + SIGPIPE, as a shell reports ``ls`` or ``docker``), never 1,
+    which says "no compatible variant"."""
+    repo = Path(__file__).resolve().parent.parent
+    process = subprocess.Popen(
+        [sys.executable, "-m", "docker_variant", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=repo,
+        env=cli_env(tmp=tmp_path),
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    errors = process.stderr.read()
+    assert process.wait(timeout=60) == 141, errors
+    assert errors == b""

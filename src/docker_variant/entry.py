@@ -18,6 +18,7 @@ import gc
 import os
 import sys
 
+from docker_variant.errors import EXIT_BROKEN_PIPE
 from docker_variant.pluginmeta import PLUGIN_METADATA_JSON
 
 #: Optional imports that libraries make whenever the package is installed, and that this
@@ -58,7 +59,7 @@ def _exit_now(code: int) -> None:
             stream.flush()
         except (OSError, ValueError):  # a reader that went away (``| head``), a closed file
             if stream is sys.stdout:
-                code = code or 120  # what the interpreter answers when its final flush fails
+                code = code or EXIT_BROKEN_PIPE  # the reader went away before the last flush
     import threading  # loaded by then (httpx, typer): a look-up
 
     if threading.active_count() > 1:

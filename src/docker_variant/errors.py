@@ -26,6 +26,11 @@ def one_line(text: str, limit: int = 300) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
+#: The exit status when the reader of stdout went away (``| head``): 128 + SIGPIPE, what a
+#: shell reports for ``ls`` or ``docker`` killed by it, and never 1, "no compatible variant".
+EXIT_BROKEN_PIPE = 141
+
+
 class DockerVariantError(Exception):
     """Base of every error docker-variant raises on purpose."""
 

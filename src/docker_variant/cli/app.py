@@ -29,6 +29,7 @@ from docker_variant.cli.options import (
     after_command,
     options_of,
 )
+from docker_variant.cli.output import broken_pipe
 from docker_variant.errors import DockerVariantError
 from docker_variant.safetext import safe_text
 
@@ -64,7 +65,10 @@ def _taking_global_options(callback: Callable[..., Any]) -> Callable[..., Any]:
         for name in GLOBAL_OPTIONS:
             kwargs.pop(name, None)
         ctx.obj = after_command(options_of(ctx), given)
-        return callback(**kwargs)
+        try:
+            return callback(**kwargs)
+        except BrokenPipeError:  # before click, which would make it exit 1
+            broken_pipe()
 
     return run
 
@@ -163,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
         prog = "docker variant"
     try:
         code = app(args=args, prog_name=prog, standalone_mode=False)
+    except BrokenPipeError:
+        broken_pipe()
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:

@@ -8,14 +8,16 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from docker_variant.errors import EXIT_BROKEN_PIPE
 from docker_variant.safetext import safe_text
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = [
+    "broken_pipe",
     "emit_json",
     "layer_progress",
     "stderr_console",
@@ -23,6 +25,16 @@ __all__ = [
     "stdout_console",
     "warn",
 ]
+
+
+def broken_pipe() -> NoReturn:
+    """stdout's reader went away (``| head``): stdout muted on /dev/null, so that no later
+    write or the final flush fails again, and the exit status a broken pipe's
+    (``EXIT_BROKEN_PIPE``), never 1 ("no compatible variant")."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    raise SystemExit(EXIT_BROKEN_PIPE)
 
 
 # The width a table gets in a pipe or a log: none to fit, so no cell is cut over lines.
@@ -37,7 +49,14 @@ def _console(stderr: bool) -> Console:
     80 columns), unless ``COLUMNS`` says otherwise."""
     from rich.console import Console
 
-    console = Console(stderr=stderr, soft_wrap=True, emoji=False)
+    class CliConsole(Console):
+        def on_broken_pipe(self) -> None:
+            """rich's own (stdout muted on /dev/null), but the exit status is a broken
+            pipe's, not 1 ("no compatible variant")."""
+            self.quiet = True
+            broken_pipe()
+
+    console = CliConsole(stderr=stderr, soft_wrap=True, emoji=False)
     if not console.is_terminal and not os.environ.get("COLUMNS"):
         console.width = _UNBOUNDED_WIDTH
     return console
