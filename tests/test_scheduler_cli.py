@@ -88,3 +88,22 @@ def test_serve_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
     assert "Traceback" not in scheduler.log_tail(100_000)
     db = tmp_path / "scheduler.db"
     assert db.exists()
+
+
+def test_the_command_line_names_the_database_default_without_loading_it() -> None:
+    """``variant-scheduler --help`` loads no server (SQLAlchemy, Starlette): the default
+    database URL it prints is written out there, and agrees with the database module's."""
+    import subprocess
+    import sys
+
+    from docker_variant.scheduler import __main__ as command
+    from docker_variant.scheduler.database import DEFAULT_DB_URL
+
+    assert command.DEFAULT_DB_URL == DEFAULT_DB_URL
+    probe = (
+        "import sys; from docker_variant.scheduler.__main__ import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('sqlalchemy', 'starlette', 'uvicorn', 'jinja2') if m in sys.modules))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert loaded.stdout.strip().splitlines()[-1] == "[]", loaded.stdout + loaded.stderr

@@ -19,9 +19,28 @@ allocated twice. The rooms, top to bottom (imports only point down):
 | ``models.py``, ``database.py`` | the tables; opening the database |
 """
 
-from docker_variant.scheduler.app import create_app
-from docker_variant.scheduler.placement import Plan, Refusal, plan
-from docker_variant.scheduler.pool import Pool, build_pool
-from docker_variant.scheduler.store import Store
+from typing import TYPE_CHECKING
+
+from docker_variant.lazy import lazy_attributes
+
+if TYPE_CHECKING:
+    from docker_variant.scheduler.app import create_app
+    from docker_variant.scheduler.placement import Plan, Refusal, plan
+    from docker_variant.scheduler.pool import Pool, build_pool
+    from docker_variant.scheduler.store import Store
 
 __all__ = ["Plan", "Pool", "Refusal", "Store", "build_pool", "create_app", "plan"]
+
+# imported on first use: ``variant-scheduler --help`` or ``agent`` loads no server
+__getattr__ = lazy_attributes(
+    __name__,
+    {
+        "create_app": "app",
+        "Plan": "placement",
+        "Refusal": "placement",
+        "plan": "placement",
+        "Pool": "pool",
+        "build_pool": "pool",
+        "Store": "store",
+    },
+)

@@ -19,24 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
-import uvicorn
-from sqlalchemy import exc as sa_exc
-
 from docker_variant import __version__
 from docker_variant.agent.client import check_scheduler_url, read_token
 from docker_variant.agent.command import add_agent_command, run_agent_command
 from docker_variant.errors import InvalidInputError, UnreachableError, one_line
-from docker_variant.jsondoc import load_json, read_json_file
-from docker_variant.oci.errcode import read_error
-from docker_variant.oci.http import read_bounded, sync_client
-from docker_variant.oci.reference import check_registry
-from docker_variant.scheduler.app import create_app
-from docker_variant.scheduler.database import DEFAULT_DB_URL, DatabaseUnavailableError
-from docker_variant.scheduler.store import Store
-from docker_variant.scheduler.tokens import load_tokens
-from docker_variant.scheduler.whatif import parse_what_if
-from docker_variant.server.logs import configure_logging
 from docker_variant.server.net import bind_socket, is_loopback, parse_listen
 from docker_variant.server.options import (
     ServerArgumentParser,
@@ -52,6 +38,9 @@ __all__ = ["DEFAULT_LISTEN", "main"]
 
 DEFAULT_LISTEN = "127.0.0.1:5090"
 DB_ENV = "VARIANT_SCHEDULER_DB"
+#: ``scheduler.database.DEFAULT_DB_URL``, written out so that --help loads no SQLAlchemy
+#: (tests/test_scheduler_cli.py checks they agree)
+DEFAULT_DB_URL = "sqlite:///./variant-scheduler.db"
 TOKENS_ENV = "VARIANT_SCHEDULER_TOKENS"
 REGISTRIES_ENV = "VARIANT_SCHEDULER_REGISTRIES"
 SCHEDULER_ENV = "VARIANT_SCHEDULER_URL"
@@ -136,6 +125,13 @@ def _run_what_if(args: Any, error: Callable[[str], Any]) -> int:
     """Ask the scheduler's ``POST /v1/what-if``; print its JSON answer. 0: it fits now or a
     template helps; 1: neither; 2: bad input; 3: the scheduler (or the registry it asks)
     cannot be reached, or the image is missing; 4: the scheduler failed."""
+    import httpx
+
+    from docker_variant.jsondoc import load_json, read_json_file
+    from docker_variant.oci.errcode import read_error
+    from docker_variant.oci.http import read_bounded, sync_client
+    from docker_variant.scheduler.whatif import parse_what_if
+
     try:
         scheduler = check_scheduler_url(args.scheduler)
         token = read_token(args.token_file) if args.token_file else None
@@ -184,6 +180,21 @@ def main(argv: list[str] | None = None) -> int:
         return run_agent_command(args, parser.error)
     if args.command == "what-if":
         return _run_what_if(args, parser.error)
+    return _serve(args, parser.error)
+
+
+def _serve(args: Any, error: Callable[[str], Any]) -> int:
+    """``variant-scheduler serve``: the server's modules are loaded here, not for --help."""
+    import uvicorn
+    from sqlalchemy import exc as sa_exc
+
+    from docker_variant.oci.reference import check_registry
+    from docker_variant.scheduler.app import create_app
+    from docker_variant.scheduler.database import DatabaseUnavailableError
+    from docker_variant.scheduler.store import Store
+    from docker_variant.scheduler.tokens import load_tokens
+    from docker_variant.server.logs import configure_logging
+
     try:
         host, port = parse_listen(args.listen)
         tls = tls_options(args)
@@ -198,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         store = Store.open(args.db, agent_ttl=args.agent_ttl)
     except InvalidInputError as exc:
-        parser.error(str(exc))
+        error(str(exc))
     except (DatabaseUnavailableError, sa_exc.SQLAlchemyError) as exc:
         sys.stderr.write(f"variant-scheduler: error: {one_line(str(exc))}\n")
         return 3
@@ -207,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, OverflowError) as exc:
         store.close()
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        parser.error(f"cannot listen on {args.listen}: {reason}")
+        error(f"cannot listen on {args.listen}: {reason}")
 
     configure_logging(args.log_level)
     bound = sock.getsockname()
