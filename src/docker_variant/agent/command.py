@@ -81,7 +81,7 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
 
     from docker_variant.agent.client import check_scheduler_url
     from docker_variant.agent.node import Agent
-    from docker_variant.api import check_agent_id
+    from docker_variant.api.names import check_agent_id
     from docker_variant.providers import PROVIDERS_FILE_ENV, HostRoot
     from docker_variant.server.logs import configure_logging
 

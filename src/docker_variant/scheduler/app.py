@@ -35,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from docker_variant.api.names import ID, check_agent_id
 from docker_variant.errors import InvalidInputError
 from docker_variant.jsondoc import load_json
 from docker_variant.oci.errcode import ErrorCode
@@ -45,9 +46,7 @@ from docker_variant.openapi import document as openapi_document
 from docker_variant.scheduler import ui
 from docker_variant.scheduler.database import DatabaseUnavailableError
 from docker_variant.scheduler.documents import (
-    ID,
     PlacementRequest,
-    check_agent_id,
     parse_agent_report,
     parse_placement_body,
 )

@@ -14,14 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from docker_variant.api.names import (
-    DEFAULT_RESOURCE_GROUP,
-    DEVICE_NAME,
-    ID,
-    SHORT_NAME,
-    NameRule,
-    check_agent_id,
-)
+from docker_variant.api.names import DEFAULT_RESOURCE_GROUP, DEVICE_NAME, ID, check_agent_id
 from docker_variant.errors import InvalidInputError
 from docker_variant.jsondoc import load_json
 from docker_variant.scheduler.kept import Kept
@@ -30,17 +23,11 @@ from docker_variant.variant.model import SupportedLists, parse_supported_lists
 from docker_variant.variant.platform import Platform
 
 __all__ = [
-    "DEFAULT_RESOURCE_GROUP",
-    "DEVICE_NAME",
-    "ID",
     "MAX_CAPACITY",
     "MAX_NODES",
     "SHARE",
-    "SHORT_NAME",
     "AgentReport",
-    "NameRule",
     "PlacementRequest",
-    "check_agent_id",
     "parse_agent_report",
     "parse_placement_body",
     "parse_placement_request",

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from docker_variant.api.names import SHORT_NAME, check_agent_id
 from docker_variant.errors import InvalidInputError
-from docker_variant.scheduler.documents import SHORT_NAME, check_agent_id
 from docker_variant.tomldoc import read_toml_file
 
 __all__ = ["ANONYMOUS", "Principal", "TokenTable", "load_tokens"]

@@ -36,10 +36,11 @@ from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
 from docker_variant import vendors
+from docker_variant.api.names import check_agent_id
 from docker_variant.errors import InvalidInputError, one_line
 from docker_variant.jsondoc import load_json
 from docker_variant.oci.errors import RegistryError
-from docker_variant.scheduler.documents import SHARE, check_agent_id
+from docker_variant.scheduler.documents import SHARE
 from docker_variant.scheduler.placement import Judge, candidate_key
 from docker_variant.scheduler.pool import Pool, natural_key
 from docker_variant.scheduler.store import Store

@@ -35,10 +35,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from docker_variant.api.names import SHORT_NAME
 from docker_variant.errors import InvalidInputError
 from docker_variant.scheduler.documents import (
     MAX_NODES,
-    SHORT_NAME,
     AgentReport,
     PlacementRequest,
     parse_agent_report,
