@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from docker_variant.errors import InvalidInputError
 from docker_variant.scheduler.placement import (
     DeviceClass,
     Judge,
@@ -24,6 +25,7 @@ from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.platform import Platform
 from docker_variant.variant.selection import Candidate, select
 from docker_variant.variant.virtual import virtual_host
+from docker_variant.vendors import CPU_NAMESPACES
 
 _SHOWN_AGENTS = 3
 _SHOWN_GROUPS = 5
@@ -105,9 +107,44 @@ def reference_plan(
     reference = select(index, virtual_host(index)).ranked
     search = _Search(units, judge.classes, reference, nodes, devices_per_node)
     found = search.homogeneous() or search.mixed()
-    if found is not None:
-        return _on_platform(found, index)
-    return Refusal(search.reasons(index, pool, device_name))
+    if found is None:
+        return Refusal(search.reasons(index, pool, device_name))
+    if devices_per_node and device_name is None:
+        variant = found.candidate.variant
+        if variant is None or set(variant.namespaces) <= CPU_NAMESPACES:
+            raise InvalidInputError(f"device_name: {found.candidate.label} takes no devices")
+        names = {a.device_name for a in found.allocations}
+        if len(names) > 1:  # of one device name: the best plan of each name alone
+            order = {candidate_key(c): i for i, c in enumerate(reference)}
+            options = []
+            every = sorted({name for node in pool.nodes for name in node.devices})
+            outcomes = {
+                n: reference_plan(index, pool, nodes, devices_per_node, device_name=n)
+                for n in every
+            }
+            for name, one in outcomes.items():
+                if isinstance(one, Plan):
+                    options.append((one.standing, order[candidate_key(one.candidate)], name, one))
+            if not options:
+                return Refusal(_merged(outcomes, sorted(str(n) for n in names)))
+            return min(options, key=lambda option: option[:3])[3]
+    return _on_platform(found, index)
+
+
+def _merged(outcomes: Mapping[str, Plan | Refusal], names: Sequence[str]) -> dict[str, str]:
+    parts: dict[str, list[str]] = {}
+    for name, one in sorted(outcomes.items()):
+        assert isinstance(one, Refusal)
+        for key, why in one.reasons.items():
+            parts.setdefault(key, []).append(f"device_name {name!r}: {why}")
+    kinds = ", ".join(names)
+    head = f"the gang would take devices of several kinds ({kinds}); of one kind: "
+    return {
+        key: head
+        + " | ".join(texts[:5])
+        + (f" | {len(texts) - 5} more device_names" if len(texts) > 5 else "")
+        for key, texts in parts.items()
+    }
 
 
 def _on_platform(found: Plan, index: VariantIndex) -> Plan:
@@ -152,7 +189,9 @@ class _Search:
         self.nodes = nodes
         self.per_node = per_node
 
-    def _plan(self, key: str, picks: Sequence[_Pick], homogeneous: bool) -> Plan:
+    def _plan(
+        self, key: str, picks: Sequence[_Pick], homogeneous: bool, standing: tuple[int, int]
+    ) -> Plan:
         allocations = tuple(
             NodeAllocation(
                 p.unit.node.agent_id,
@@ -163,7 +202,7 @@ class _Search:
             )
             for p in picks
         )
-        return Plan(self.candidates[key], allocations, homogeneous)
+        return Plan(self.candidates[key], allocations, homogeneous, standing=standing)
 
     def homogeneous(self) -> Plan | None:
         """Nodes whose chosen devices are all of one class, with that class's first choice."""
@@ -185,7 +224,7 @@ class _Search:
             _Pick(1, 1, u.spare, u.node.agent_id, u, _first(u.free_of(class_key), self.per_node))
             for u in members[: self.nodes]
         ]
-        return self._plan(self.classes[class_key].first_choice, picks, True)
+        return self._plan(self.classes[class_key].first_choice, picks, True, (0, 1))
 
     def _offer(self, key: str, unit: _Unit) -> _Pick | None:
         """The node's best devices for candidate ``key``: lowest ranks, fewest classes."""
@@ -227,12 +266,12 @@ class _Search:
                     break
         if best is None:
             return None
-        _, key, picks = best
+        worst, key, picks = best
         if self.per_node == 0:
             used = {p.unit.host_class for p in picks}
         else:
             used = {p.unit.class_of[d.profile] for p in picks for d in p.devices}
-        return self._plan(key, picks, len(used) <= 1)
+        return self._plan(key, picks, len(used) <= 1, (1, worst))
 
     # ----------------------------------------------------------------------- refusals
 

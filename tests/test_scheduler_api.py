@@ -213,6 +213,40 @@ def test_resource_group_limits_the_nodes(api: httpx.Client) -> None:
     assert refused.json()["reasons"]["cu122"].endswith("no agents in resource group 'none'")
 
 
+def test_a_gang_stays_in_one_resource_group_unless_it_spreads(api: httpx.Client) -> None:
+    put_agent(api, "a-0", agent_body(H200_R570, 4, group="a"))
+    put_agent(api, "b-0", agent_body(H200_R570, 4, group="b"))
+    refused = place(api, 2, 4, index=gpu_only_index())
+    assert refused.status_code == 409, refused.text
+    reason = refused.json()["reasons"]["cu128"]
+    assert reason.startswith("resource group 'a': needs 2 nodes with 4 free devices")
+    assert " | resource group 'b': needs 2 nodes" in reason
+    spread = place(api, 2, 4, index=gpu_only_index(), spread=True)
+    assert spread.status_code == 201, spread.text
+    assert (spread.json()["resource_group"], spread.json()["spread"]) == (None, True)
+    assert {a["agent_id"] for a in spread.json()["allocations"]} == {"a-0", "b-0"}
+    assert api.delete(f"/v1/placements/{spread.json()['id']}").status_code == 204
+    put_agent(api, "b-1", agent_body(H200_R570, 4, group="b"))
+    placed = place(api, 2, 4, index=gpu_only_index())
+    assert placed.status_code == 201, placed.text
+    assert placed.json()["resource_group"] == "b"
+    assert {a["agent_id"] for a in placed.json()["allocations"]} == {"b-0", "b-1"}
+    both = place(api, 1, 1, resource_group="a", spread=True)
+    assert both.status_code == 400
+    assert error_message(both).startswith("spread: a gang in resource group 'a' cannot spread")
+
+
+def test_a_placement_names_its_device_kind_when_the_variant_does_not(api: httpx.Client) -> None:
+    put_agent(api, "h200", agent_body(H200_R570, 4))
+    put_agent(api, "a100", agent_body(A100_R535, 4))
+    response = place(api, 2, 4)  # only the CPU build fits both: which devices?
+    assert response.status_code == 400, response.text
+    assert error_message(response).startswith("device_name: the variant 'v3' names no")
+    assert devices_of(api, "h200")["allocated"] == []
+    named = place(api, 2, 4, device_name="cuda")
+    assert (named.status_code, named.json()["variant"]) == (201, "v3")
+
+
 def test_agent_re_report_keeps_allocations(api: httpx.Client) -> None:
     put_agent(api, "node", agent_body(H200_R570, 4))
     placement = place(api, 1, 2).json()

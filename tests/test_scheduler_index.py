@@ -7,11 +7,13 @@ keeps its pool current from its own commits, and notices those of another proces
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from docker_variant.errors import InvalidInputError
 from docker_variant.scheduler import Store
 from docker_variant.scheduler.documents import (
     PlacementRequest,
@@ -111,7 +113,7 @@ def change(rng: random.Random, pool: Pool, placed: list[list[tuple[str, str, str
     step = rng.random()
     if step < 0.3:
         index, gang, per_node, name = random_request(rng)
-        outcome = plan(index, pool, gang, per_node, device_name=name)
+        outcome = outcome_of(plan, index, pool, gang, per_node, name)
         if isinstance(outcome, Plan):
             keys = [
                 (a.agent_id, a.device_name or "", d.device_id)
@@ -166,9 +168,24 @@ def test_indexed_plan_equals_the_scan_of_every_node(seed: int) -> None:
         assert_index_is_whole(pool)
         for _request in range(3):
             index, gang, per_node, name = random_request(rng)
-            expected = reference_plan(index, pool, gang, per_node, device_name=name)
-            got = plan(index, pool, gang, per_node, device_name=name)
+            expected = outcome_of(reference_plan, index, pool, gang, per_node, name)
+            got = outcome_of(plan, index, pool, gang, per_node, name)
             assert got == expected, (seed, gang, per_node, name)
+
+
+def outcome_of(
+    planner: Callable[..., Plan | Refusal],
+    index: VariantIndex,
+    pool: Pool,
+    gang: int,
+    per_node: int,
+    name: str | None,
+) -> Plan | Refusal | type[Exception]:
+    """The plan or refusal, or the error's type for a request that names no device kind."""
+    try:
+        return planner(index, pool, gang, per_node, device_name=name)
+    except InvalidInputError:
+        return InvalidInputError
 
 
 def test_a_copy_is_independent() -> None:
@@ -218,7 +235,10 @@ def test_the_store_keeps_its_pool_current_without_reading_it(
             choice = rng.random()
             if choice < 0.5:
                 request = _request(rng.randint(1, 3), rng.randint(0, 3), rng.choice(groups))
-                outcome = store.place(index, request, lambda c: c.tag)
+                try:
+                    outcome = store.place(index, request, lambda c: c.tag)
+                except InvalidInputError:  # only the CPU build fits: no device kind named
+                    continue
                 if isinstance(outcome, dict):
                     made.append(outcome["id"])
             elif choice < 0.75 and made:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from docker_variant.errors import InvalidInputError
 from docker_variant.k8s.claim import virtual_host
 from docker_variant.scheduler.placement import BARE, Judge, Plan, Refusal, plan
 from docker_variant.scheduler.pool import Pool, build_pool
@@ -140,12 +141,45 @@ def test_cpu_only_placement_judges_the_host_lists_and_takes_no_device() -> None:
 def test_null_and_bare_are_the_last_resort() -> None:
     npu = {"resource_group": "default", "host": {}, "devices": {"npu": {"0": {}, "1": {}}}}
     index = index_of()
-    assert placed(plan(index, pool_of({"n": npu}), 1, 2)).candidate.label == "null"
+    chosen = plan(index, pool_of({"n": npu}), 1, 2, device_name="npu")
+    assert placed(chosen).candidate.label == "null"
     no_null = {**INDEX, "variants": dict(INDEX["variants"]), "images": dict(INDEX["images"])}
     del no_null["variants"]["null"], no_null["images"]["null"]
-    result = placed(plan(index_of(no_null), pool_of({"n": npu}), 1, 2))
+    result = placed(plan(index_of(no_null), pool_of({"n": npu}), 1, 2, device_name="npu"))
     assert result.candidate.label is None and result.candidate.kind == "bare"
     assert result.candidate.tag == "2.0"
+
+
+def test_a_device_kind_is_never_guessed() -> None:
+    """Devices follow the accelerator namespace of the chosen variant; when it names none
+    (a CPU build, ``null``, the bare image), the request must say which devices to take."""
+    npu = {"resource_group": "default", "host": {}, "devices": {"npu": {"0": {}, "1": {}}}}
+    no_null = {**INDEX, "variants": dict(INDEX["variants"]), "images": dict(INDEX["images"])}
+    del no_null["variants"]["null"], no_null["images"]["null"]
+    for index, chosen in ((index_of(), "variant 'null'"), (index_of(no_null), "bare image")):
+        with pytest.raises(InvalidInputError, match=rf"^device_name: the {chosen} names no"):
+            plan(index, pool_of({"n": npu}), 1, 2)
+    agents = {"h200": agent_body(H200_R570), "a100": agent_body(A100_R535)}
+    with pytest.raises(InvalidInputError, match="'v3' names no accelerator namespace"):
+        plan(index_of(), pool_of(agents), 2, 4)  # only the CPU build fits both
+    assert placed(plan(index_of(), pool_of(agents), 2, 0)).candidate.label == "v3"
+
+
+def test_a_gang_takes_devices_of_one_name() -> None:
+    """Two nodes report H200s under different device names: the best plan over every name
+    would mix them, so each name is planned alone, and a gang of two is refused until one
+    name has two nodes."""
+    other = agent_body(H200_R570)
+    other["devices"] = {"gpu": other["devices"]["cuda"]}
+    agents = {"a": agent_body(H200_R570), "b": other}
+    reasons = refused(plan(index_of(), pool_of(agents), 2, 4))
+    assert reasons["cu128"].startswith("the gang would take devices of several kinds (cuda, gpu)")
+    assert "device_name 'gpu': needs 2 nodes" in reasons["cu128"]
+    agents["c"] = other
+    result = placed(plan(index_of(), pool_of(agents), 2, 4))
+    assert result.candidate.label == "cu128"
+    assert {a.device_name for a in result.allocations} == {"gpu"}
+    assert set(nodes_of(result)) == {"b", "c"}
 
 
 def test_device_name_restricts_the_devices_taken() -> None:
@@ -208,7 +242,7 @@ def test_mixed_gang_picks_the_variant_closest_to_every_devices_own_choice() -> N
     assert (result.candidate.label, result.homogeneous) == ("cu128", False)
     # adding the A100: only the CPU build fits all three
     agents["a100"] = agent_body(A100_R535)
-    assert placed(plan(index, pool_of(agents), 3, 4)).candidate.label == "v3"
+    assert placed(plan(index, pool_of(agents), 3, 4, device_name="cuda")).candidate.label == "v3"
     # without a build that fits everything, the gang is refused
     reasons = refused(plan(index_of(gpu_only_index()), pool_of(agents), 3, 4))
     assert set(reasons) == {"cu130", "cu128", "cu126", "cu122"}
@@ -223,7 +257,7 @@ def test_within_a_node_devices_of_one_kind_are_preferred() -> None:
     assert (result.candidate.label, nodes_of(result)) == ("cu128", {"node": ["GPU-0", "GPU-1"]})
     three = placed(plan(index, pool, 1, 3))
     assert (three.candidate.label, nodes_of(three)) == ("cu122", {"node": ["L4-0", "L4-1", "L4-2"]})
-    four = placed(plan(index, pool, 1, 4))  # only the CPU build fits both kinds
+    four = placed(plan(index, pool, 1, 4, device_name="cuda"))  # the CPU build fits both kinds
     assert (four.candidate.label, four.homogeneous) == ("v3", False)
     assert_every_device_fits(index, pool, four)
 

@@ -301,9 +301,13 @@ def test_the_resource_group_is_the_pool_asked(sqlite_store: Store) -> None:
     with client_for(sqlite_store) as api:
         put_agent(api, "h200-0", agent_body(H200_R570, 4, group="gpu"))
         put_agent(api, "h200-1", agent_body(H200_R570, 4, group="other"))
-        assert ask(api, request, [h200])["fits_now"] is True
+        one_new = [{"template": "h200", "nodes": 1, "variant": "cu128"}]
         in_gpu = ask(api, request | {"resource_group": "gpu"}, [h200])
-        assert in_gpu["options"] == [{"template": "h200", "nodes": 1, "variant": "cu128"}]
+        assert in_gpu["options"] == one_new
+        # a gang stays in one group: one new node in either group would do, not none
+        anywhere = ask(api, request, [h200])
+        assert (anywhere["fits_now"], anywhere["options"]) == (False, one_new)
+        assert ask(api, request | {"spread": True}, [h200])["fits_now"] is True
 
 
 # --------------------------------------------------------------------------- the search

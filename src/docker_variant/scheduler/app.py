@@ -53,7 +53,7 @@ from docker_variant.scheduler.documents import (
 from docker_variant.scheduler.placement import Refusal
 from docker_variant.scheduler.store import STATES, Store
 from docker_variant.scheduler.tokens import ANONYMOUS, Principal, TokenTable
-from docker_variant.scheduler.whatif import parse_what_if, what_if
+from docker_variant.scheduler.whatif import parse_what_if, what_if_in_groups
 from docker_variant.server.auth import bearer_token
 from docker_variant.server.bodies import BodyTooLargeError, read_body
 from docker_variant.server.errors import error_kind, oci_error
@@ -285,8 +285,10 @@ def create_app(
         question = parse_what_if(await _json_body(request))
         wanted = question.request
         index, _ = await target_of(wanted)
-        pool = await run_in_threadpool(store.snapshot, wanted.resource_group)  # a copy
-        answer = await run_in_threadpool(what_if, index, wanted, pool, question.templates)
+        pools = await run_in_threadpool(store.snapshots, wanted)  # copies
+        answer = await run_in_threadpool(
+            what_if_in_groups, index, wanted, pools, question.templates
+        )
         return JSONResponse(answer.to_json())
 
     @_guard

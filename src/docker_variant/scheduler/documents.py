@@ -164,6 +164,7 @@ class PlacementRequest:
     resource_group: str | None = None
     device_name: str | None = None
     shares: int | None = None  # of each device, in millionths (``SHARE``); None: whole devices
+    spread: bool = False  # may a gang take nodes of several resource groups (none named)
 
     def to_json(self) -> dict[str, Any]:
         """The request as a client would send it (kept with a placement, for ``replace``)."""
@@ -179,6 +180,8 @@ class PlacementRequest:
         ):
             if value is not None:
                 document[key] = value
+        if self.spread:
+            document["spread"] = True
         return document
 
     @functools.cached_property
@@ -226,7 +229,7 @@ def _index(data: object) -> VariantIndex:
 def parse_placement_request(data: object) -> PlacementRequest:
     request = _object(data, "a placement request")
     known = {"image", "index", "nodes", "devices_per_node", "resource_group", "device_name"}
-    known.add("shares_per_device")
+    known |= {"shares_per_device", "spread"}
     _unknown_keys(request, known, "placement request")
     if ("image" in request) == ("index" in request):
         raise InvalidInputError(
@@ -248,6 +251,14 @@ def parse_placement_request(data: object) -> PlacementRequest:
     device_name = request.get("device_name")
     if device_name is not None:
         device_name = DEVICE_NAME.check(device_name, "device_name")
+    spread = request.get("spread", False)
+    if not isinstance(spread, bool):
+        raise InvalidInputError(f"spread must be true or false, got {spread!r}")
+    if spread and group is not None:
+        raise InvalidInputError(
+            f"spread: a gang in resource group {group!r} cannot spread over others; "
+            "name no resource_group to spread"
+        )
     nodes = _count(request, "nodes", 1, MAX_NODES)
     per_node = _count(request, "devices_per_node", 0, MAX_DEVICES_PER_NODE)
     shares = None
@@ -267,6 +278,7 @@ def parse_placement_request(data: object) -> PlacementRequest:
         resource_group=group,
         device_name=device_name,
         shares=shares,
+        spread=spread,
     )
 
 

@@ -32,6 +32,13 @@ order (whole devices it would break, the room on the partly used devices it woul
 free devices), so that whole devices and whole nodes stay free for whole-device requests.
 Unhealthy devices (as their agent reports them) are never taken, whole or in part.
 
+A gang takes devices of one device name. Devices follow the accelerator namespace of the
+chosen variant; when it names none (a CPU build, ``null``, the bare image) and devices are
+asked, the request must name ``device_name`` (``InvalidInputError``, a 400): the scheduler
+never guesses a device kind. When the best plan over every name mixes names, each name is
+planned alone and ``best_plan`` picks among them; ``plan_in_groups`` does the same over
+resource groups, so a gang never mixes groups unless its request spreads.
+
 Nothing is placed unless all ``nodes`` nodes are found. A refusal says, per variant, how many
 nodes could take it and why the others cannot.
 """
@@ -46,6 +53,7 @@ from dataclasses import dataclass, field, replace
 from itertools import chain, islice, repeat
 from typing import Any
 
+from docker_variant.errors import InvalidInputError
 from docker_variant.scheduler.documents import SHARE, PlacementRequest
 from docker_variant.scheduler.kept import Kept
 from docker_variant.scheduler.pool import (
@@ -73,8 +81,11 @@ __all__ = [
     "NodeAllocation",
     "Plan",
     "Refusal",
+    "best_plan",
     "candidate_key",
+    "merged_reasons",
     "plan",
+    "plan_in_groups",
     "plan_request",
     "plural",
 ]
@@ -100,6 +111,8 @@ class Plan:
     allocations: tuple[NodeAllocation, ...]
     homogeneous: bool
     shares: int | None = None  # taken of each device (millionths); None: whole devices
+    # how the search ranks it: (0, 1) homogeneous; (1, worst rank over its devices) mixed
+    standing: tuple[int, int] = (0, 1)
 
 
 @dataclass(frozen=True)
@@ -451,9 +464,100 @@ def plan(
         pool, judge, kinds, reference, maps, nodes, devices_per_node, device_name, shares
     )
     found = search.homogeneous() or search.mixed()
-    if found is not None:
-        return _on_platform(found, judge)
-    return Refusal(search.reasons(index))
+    if found is None:
+        return Refusal(search.reasons(index))
+    if devices_per_node > 0 and device_name is None:
+        _check_device_kind(found.candidate, devices_per_node)
+        names = sorted({str(a.device_name) for a in found.allocations})
+        if len(names) > 1:  # one device kind a gang: the best plan of one name alone
+            return _one_device_name(
+                names, index, pool, nodes, devices_per_node, shares, only, judge
+            )  # fmt: skip
+    return _on_platform(found, judge)
+
+
+def _one_device_name(
+    mixed: Sequence[str],
+    index: VariantIndex,
+    pool: Pool,
+    nodes: int,
+    devices_per_node: int,
+    shares: int | None,
+    only: str | None,
+    judge: Judge,
+) -> Plan | Refusal:
+    """The best plan over every device name alone (``best_plan``), for a gang whose best plan
+    over all names took devices of several (``mixed``): never an NVIDIA GPU on one node
+    and an NPU on another."""
+    outcomes = {
+        name: plan(
+            index,
+            pool,
+            nodes,
+            devices_per_node,
+            device_name=name,
+            shares=shares,
+            only=only,
+            judge=judge,
+        )
+        for name in pool.device_names()
+    }
+    best = best_plan(outcomes, judge)
+    if best is not None:
+        return best[1]
+    kinds = ", ".join(mixed)
+    return Refusal(
+        {
+            key: f"the gang would take devices of several kinds ({kinds}); of one kind: {why}"
+            for key, why in merged_reasons(outcomes, "device_name").items()
+        }
+    )
+
+
+def best_plan(outcomes: Mapping[str, Plan | Refusal], judge: Judge) -> tuple[str, Plan] | None:
+    """The best of plans made on parts of a pool (device names, resource groups), by the
+    order one plan's search follows: homogeneous before mixed, the lowest worst rank, the
+    variant first on the virtual host; then the part's name. None: no part places it."""
+    order = judge.reference_order[0]
+    options = [
+        (found.standing, order.get(candidate_key(found.candidate), len(order)), part, found)
+        for part, found in outcomes.items()
+        if isinstance(found, Plan)
+    ]
+    if not options:
+        return None
+    *_, part, found = min(options, key=lambda option: option[:3])
+    return part, found
+
+
+def merged_reasons(outcomes: Mapping[str, Plan | Refusal], what: str) -> dict[str, str]:
+    """Per candidate, why each part (device name, resource group) refused it, in one line."""
+    by_key: dict[str, list[str]] = {}
+    for part, found in sorted(outcomes.items()):
+        if isinstance(found, Refusal):
+            for key, why in found.reasons.items():
+                by_key.setdefault(key, []).append(f"{what} {part!r}: {why}")
+    shown = _SHOWN_GROUPS
+    return {
+        key: " | ".join(parts[:shown])
+        + (f" | {plural(len(parts) - shown, 'more ' + what)}" if len(parts) > shown else "")
+        for key, parts in by_key.items()
+    }
+
+
+def _check_device_kind(candidate: Candidate, devices_per_node: int) -> None:
+    """Devices are taken by the accelerator namespace the chosen variant names; one that
+    names none (a CPU variant, ``null``, the bare image) says no device kind, and the
+    scheduler does not guess one."""
+    variant = candidate.variant
+    if variant is not None and any(ns not in CPU_NAMESPACES for ns in variant.namespaces):
+        return
+    chosen = f"variant {candidate.label!r}" if candidate.label is not None else "bare image"
+    raise InvalidInputError(
+        f"device_name: the {chosen} names no accelerator namespace, so devices_per_node "
+        f"{devices_per_node} does not say which devices to take; name them with device_name "
+        "(e.g. nvidia.com/gpu) or ask devices_per_node 0"
+    )
 
 
 def plan_request(
@@ -469,6 +573,26 @@ def plan_request(
         shares=request.shares,
         judge=judge,
     )
+
+
+def plan_in_groups(
+    index: VariantIndex,
+    pools: Mapping[str | None, Pool],
+    request: PlacementRequest,
+    judge: Judge | None = None,
+) -> tuple[str | None, Plan] | Refusal:
+    """``plan_request`` on each pool a request may take its gang from (one per resource
+    group, ``PoolCache.pools_for``): the best plan of one group (``best_plan``) and that
+    group, or why no group can take it. A gang never mixes resource groups."""
+    outcomes = {group: plan_request(index, pool, request, judge) for group, pool in pools.items()}
+    if len(outcomes) == 1:
+        ((group, found),) = outcomes.items()
+        return found if isinstance(found, Refusal) else (group, found)
+    named = {str(group): found for group, found in outcomes.items()}
+    best = best_plan(named, judge or Judge(index, next(iter(pools.values())).profiles))
+    if best is not None:
+        return best
+    return Refusal(merged_reasons(named, "resource group"))
 
 
 def _on_platform(found: Plan, judge: Judge) -> Plan:
@@ -536,7 +660,14 @@ class _Search:
         self.per_node = per_node
         self.device_name = device_name
 
-    def _plan(self, key: str, picks: Sequence[_Pick], homogeneous: bool) -> Plan:
+    def _plan(
+        self,
+        key: str,
+        picks: Sequence[_Pick],
+        homogeneous: bool,
+        stage_homogeneous: bool = False,
+        worst: int = 1,
+    ) -> Plan:
         allocations = tuple(
             NodeAllocation(
                 p.unit.node.agent_id,
@@ -547,7 +678,8 @@ class _Search:
             )
             for p in picks
         )
-        return Plan(self.candidates[key], allocations, homogeneous, self.shares)
+        standing = (0, 1) if stage_homogeneous else (1, worst)
+        return Plan(self.candidates[key], allocations, homogeneous, self.shares, standing)
 
     def _take(self, runs: Sequence[_Run]) -> list[_Taken]:
         """The first ``nodes`` agents of ``runs`` by (their run's order, agent id)."""
@@ -585,7 +717,7 @@ class _Search:
             unit = _unit(self.pool.node(agent), self.judge, device_name, kind.spare, self.shares)
             devices = unit.pick(unit.free_of(class_key), self.per_node)
             picks.append(_Pick(1, 1, kind.spare, agent, unit, devices))
-        return self._plan(self.classes[class_key].first_choice, picks, True)
+        return self._plan(self.classes[class_key].first_choice, picks, True, True)
 
     def _kind_offer(self, key: str, kind: _Kind) -> tuple[int, int, str | None] | None:
         """(worst rank, classes, device name) of the best devices a node of ``kind`` has for
@@ -654,7 +786,7 @@ class _Search:
                     break
         if best is None:
             return None
-        _, key, taken = best
+        worst, key, taken = best
         picks = []
         for order, agent, kind, name in taken:
             unit = _unit(self.pool.node(agent), self.judge, name, kind.spare, self.shares)
@@ -665,7 +797,7 @@ class _Search:
             used = {p.unit.host_class for p in picks}
         else:
             used = {p.unit.class_of[d.profile] for p in picks for d in p.devices}
-        return self._plan(key, picks, len(used) <= 1)
+        return self._plan(key, picks, len(used) <= 1, worst=worst)
 
     # ----------------------------------------------------------------------- refusals
 

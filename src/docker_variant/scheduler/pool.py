@@ -178,6 +178,10 @@ class Pool:
     def __contains__(self, agent_id: object) -> bool:
         return agent_id in self._nodes or agent_id in self._parked
 
+    def device_names(self) -> list[str]:
+        """The device names the live nodes report, sorted (read from the signatures)."""
+        return sorted({name for key in self._members for name, _ in key[2]})
+
     def buckets(self) -> Iterator[tuple[Signature, Sequence[str]]]:
         """Each signature with its live agents, sorted; do not change the pool meanwhile."""
         return iter(self._members.items())

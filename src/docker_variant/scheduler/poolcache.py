@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Connection
 
 from docker_variant.scheduler import rows
-from docker_variant.scheduler.documents import SHARE, AgentReport
+from docker_variant.scheduler.documents import SHARE, AgentReport, PlacementRequest
 from docker_variant.scheduler.pool import (
     Device,
     DeviceKey,
@@ -121,6 +121,7 @@ class PoolCache:
         # a connection, never before one; held, it waits on no database lock.
         self.lock = threading.Lock()
         self._pools: dict[str | None, _Memory] = {}
+        self._groups: tuple[int, list[str]] | None = None  # (pool version, resource groups)
 
     def alive(self, last_seen: float, now: float) -> bool:
         return self.agent_ttl <= 0 or now - last_seen <= self.agent_ttl
@@ -152,6 +153,25 @@ class PoolCache:
         if self.agent_ttl > 0:
             self._check_heartbeats(conn, memory)
         return memory.pool
+
+    def groups(self, conn: Connection) -> list[str]:
+        """The resource groups that hold an agent (call with ``lock`` held), read again only
+        when the pool's version moved."""
+        pool_v, _ = rows.versions(conn)
+        if self._groups is None or self._groups[0] != pool_v:
+            self._groups = (pool_v, rows.resource_groups(conn))
+        return self._groups[1]
+
+    def pools_for(self, conn: Connection, request: PlacementRequest) -> dict[str | None, Pool]:
+        """The pools a request may take a gang from, each whole (call with ``lock`` held):
+        its resource group's; every agent's when it spreads; else each group's, for a gang
+        never mixes resource groups unless asked to."""
+        if request.resource_group is not None or request.spread:
+            return {request.resource_group: self.synced(conn, request.resource_group)}
+        groups = self.groups(conn)
+        if not groups:
+            return {None: self.synced(conn, None)}  # no agents: the refusal says so
+        return {group: self.synced(conn, group) for group in groups}
 
     def learn_profiles(self, conn: Connection, keys: set[ProfileKey]) -> None:
         """Read the lists documents of ``keys`` not known yet."""

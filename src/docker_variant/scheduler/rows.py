@@ -457,6 +457,12 @@ def agent_rows(
     )
 
 
+def resource_groups(conn: Connection) -> list[str]:
+    """The resource groups that hold an agent, sorted."""
+    query = select(agents.c.resource_group).distinct().order_by(agents.c.resource_group)
+    return [group for (group,) in conn.execute(query)]
+
+
 def _allocation_query(resource_group: str | None) -> Any:
     query = select(
         allocations.c.agent_id,

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from docker_variant.retry import Backoff, retry
 from docker_variant.scheduler import rows
@@ -45,7 +45,7 @@ from docker_variant.scheduler.placement import (
     Plan,
     Refusal,
     plan,
-    plan_request,
+    plan_in_groups,
 )
 from docker_variant.scheduler.pool import Pool, pool_shares
 from docker_variant.scheduler.poolcache import PoolCache, apply_changes
@@ -211,6 +211,12 @@ class Store:
         with self.rows.read("reading the pool") as conn, self.cache.lock:
             return self.cache.synced(conn, resource_group).copy()
 
+    def snapshots(self, request: PlacementRequest) -> dict[str | None, Pool]:
+        """``snapshot`` of each pool ``request`` may take its gang from (one per resource
+        group, unless it names one or spreads: ``PoolCache.pools_for``)."""
+        with self.rows.read("reading the pool") as conn, self.cache.lock:
+            return {g: p.copy() for g, p in self.cache.pools_for(conn, request).items()}
+
     # ------------------------------------------------------------------ placements
 
     def place(
@@ -222,29 +228,30 @@ class Store:
     ) -> dict[str, Any] | Refusal:
         """Plan on the pool in memory and commit; on a conflict, plan again (all or nothing)."""
 
-        def planned(pool: Pool) -> Plan | Refusal:
-            return plan_request(
-                index, pool, request, self._judges.judge(index, self.cache.profiles)
-            )
+        def planned(conn: Connection) -> tuple[str | None, Plan] | Refusal:
+            """The plan and its resource group (call with the pools' lock held)."""
+            judge = self._judges.judge(index, self.cache.profiles)
+            return plan_in_groups(index, self.cache.pools_for(conn, request), request, judge)
 
         def attempt() -> dict[str, Any] | Refusal:
             with self._placing:
                 if self.rows.single_writer:
                     return self._place_at_once(planned, request, image_of, owner)
                 with self.rows.read("reading the pool") as conn, self.cache.lock:
-                    outcome = planned(self.cache.synced(conn, request.resource_group))
+                    outcome = planned(conn)
                 if isinstance(outcome, Refusal):
                     return outcome
-                document = self._document(outcome, request, image_of, owner)
-                if self._commit(outcome, document, request):
+                group, chosen = outcome
+                document = self._document(chosen, group, request, image_of, owner)
+                if self._commit(chosen, document, request):
                     return document
-            raise _Lost(outcome.candidate.label or BARE)
+            raise _Lost(chosen.candidate.label or BARE)
 
         return self._replanned(attempt)
 
     def _place_at_once(
         self,
-        planned: Callable[[Pool], Plan | Refusal],
+        planned: Callable[[Connection], tuple[str | None, Plan] | Refusal],
         request: PlacementRequest,
         image_of: Callable[[Candidate], str],
         owner: str,
@@ -260,13 +267,14 @@ class Store:
             with contextlib.ExitStack() as held:
                 with self.rows.write("recording a placement") as conn:
                     held.enter_context(self.cache.lock)
-                    outcome = planned(self.cache.synced(conn, request.resource_group))
+                    outcome = planned(conn)
                     if isinstance(outcome, Refusal):
                         return outcome  # nothing written
-                    label = outcome.candidate.label or BARE
-                    document = self._document(outcome, request, image_of, owner)
+                    group, chosen = outcome
+                    label = chosen.candidate.label or BARE
+                    document = self._document(chosen, group, request, image_of, owner)
                     rows.insert_placement(conn, document, asked, self.clock())
-                    taken = rows.take(conn, document["id"], outcome)
+                    taken = rows.take(conn, document["id"], chosen)
                     version = rows.bump_allocations(conn)
                 self.cache.apply_allocations(version, taken=taken)
         except Exception as error:
@@ -278,6 +286,7 @@ class Store:
     def _document(
         self,
         chosen: Plan,
+        group: str | None,
         request: PlacementRequest,
         image_of: Callable[[Candidate], str],
         owner: str,
@@ -291,7 +300,7 @@ class Store:
             "digest": candidate.digest or None,
             "platform": candidate.platform,  # whose manifest "digest" is, when listed
             "homogeneous": chosen.homogeneous,
-            "resource_group": request.resource_group,
+            "resource_group": group,  # the gang's (None: it may spread over several)
             "nodes": request.nodes,
             "devices_per_node": request.devices_per_node,
             "created_at": iso(self.clock()),
@@ -300,6 +309,8 @@ class Store:
         }
         if request.shares is not None:
             document["shares_per_device"] = shares_out(request.shares)
+        if request.spread:
+            document["spread"] = True
         return document
 
     def _commit(
@@ -388,7 +399,8 @@ class Store:
                         return None
                     own = rows.held_by(conn, placement_id)
                     with self.cache.lock:
-                        pool = self.cache.synced(conn, request.resource_group).copy()
+                        group = None if request.spread else document["resource_group"]
+                        pool = self.cache.synced(conn, group).copy()  # the gang's group
                 outcome, kept = _replan(pool, document, own, index, request)
                 if isinstance(outcome, Refusal):
                     return outcome

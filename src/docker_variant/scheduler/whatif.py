@@ -44,7 +44,15 @@ from docker_variant.scheduler.documents import (
     parse_agent_report,
     parse_placement_request,
 )
-from docker_variant.scheduler.placement import BARE, Judge, Plan, Refusal, plan_request, plural
+from docker_variant.scheduler.placement import (
+    BARE,
+    Judge,
+    Plan,
+    Refusal,
+    plan_in_groups,
+    plan_request,
+    plural,
+)
 from docker_variant.scheduler.pool import Node, Pool, build_pool
 from docker_variant.variant.index import VariantIndex
 
@@ -59,6 +67,7 @@ __all__ = [
     "WhatIfTooCostlyError",
     "parse_what_if",
     "what_if",
+    "what_if_in_groups",
 ]
 
 MAX_TEMPLATES = 64  # each costs a few plans: bounded, as every input of the scheduler is
@@ -272,6 +281,41 @@ def what_if(
             continue
         cost = None if template.cost is None else count * template.cost
         options.append(Option(template.name, count, _label(placed), cost))
+    return WhatIf(False, None, tuple(options), reasons)
+
+
+def what_if_in_groups(
+    index: VariantIndex,
+    request: PlacementRequest,
+    pools: Mapping[str | None, Pool],
+    templates: Sequence[NodeTemplate],
+    *,
+    deadline_s: float = DEADLINE_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> WhatIf:
+    """``what_if`` over the pools a request may take its gang from (``PoolCache.pools_for``):
+    a gang stays in one resource group, so new nodes of a template would join one group; its
+    option is the group that needs the fewest (then the first by name). One deadline for all."""
+    if len(pools) == 1:
+        (pool,) = pools.values()
+        return what_if(index, request, pool, templates, deadline_s=deadline_s, clock=clock)
+    until = clock() + deadline_s
+    now = plan_in_groups(index, pools, request)
+    if not isinstance(now, Refusal):
+        why = "not needed: the request fits today's pool"
+        return WhatIf(True, _label(now[1]), (), {t.name: why for t in templates})
+    answers = [
+        what_if(index, request, pool, templates, deadline_s=until - clock(), clock=clock)
+        for _, pool in sorted(pools.items(), key=lambda item: str(item[0]))
+    ]
+    options: list[Option] = []
+    reasons: dict[str, str] = {}
+    for template in templates:
+        offered = [o for answer in answers for o in answer.options if o.template == template.name]
+        if offered:
+            options.append(min(offered, key=lambda o: o.nodes))  # the first group on a tie
+        else:
+            reasons[template.name] = answers[0].reasons[template.name]
     return WhatIf(False, None, tuple(options), reasons)
 
 
