@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 from variantlib.constants import VARIANT_INFO_SCHEMA_URL
+from variantlib.models.variant import VariantProperty
+from variantlib.resolver.lib import sort_and_filter_supported_variants
 from variantlib.variants_json import VariantsJson
 
 from docker_variant.errors import InvalidInputError
@@ -74,8 +76,58 @@ def test_v020_providers_survive_a_round_trip_and_v01_is_unchanged() -> None:
     }
     index = VariantIndex.from_json(old, "v011")
     assert index.providers == {}
-    assert "providers" not in index.to_json()
-    assert index.to_json()["$schema"].endswith("/v0.1.1.json")
+    written = index.to_json()  # read in either shape, written in variantlib's
+    assert written["$schema"] == VARIANT_INFO_SCHEMA_URL
+    assert written["providers"] == {
+        "furiosa": {"requires": ["docker-variant"], "optional": True},
+        "nvidia": {"requires": ["nvidia-variant-provider"]},
+    }
+    assert "feature" not in written["default-priorities"]
+
+
+def test_a_written_document_is_read_and_ordered_by_variantlib() -> None:
+    """A document as the proxy and the CLI write it, fed to variantlib's own reader
+    (``VariantsJson``) and ordering (``sort_and_filter_supported_variants``): every
+    namespace has its provider entry, and variantlib orders the variants as ``select``."""
+    variants = {
+        "cu128": {"nvidia": {"cuda_version_lower_bound": ["12.8"]}, "x86_64": {"level": ["v3"]}},
+        "cu126": {"nvidia": {"cuda_version_lower_bound": ["12.6"]}},
+        "v4": {"x86_64": {"level": ["v4"]}},
+        "arm": {"aarch64": {"version": ["8.2a"]}},
+        "npu": {"furiosa": {"arch": ["rngd"]}},
+        "null": {},
+    }
+    document = {
+        "default-priorities": {"namespace": ["nvidia"]},
+        "variants": variants,
+        "images": {label: {"tag": f"1.0.0-{label}", "digest": ""} for label in variants},
+    }
+    written = VariantIndex.from_json(document, "built").to_json()
+    read = VariantsJson(json.loads(json.dumps(written)))  # variantlib's checks, unchanged
+    assert read.namespace_priorities == written["default-priorities"]["namespace"]
+    assert set(read.providers) == {"nvidia", "x86_64", "aarch64", "furiosa"}
+    assert read.providers["x86_64"].requires == ["provider-variant-x86-64"]
+    assert read.providers["furiosa"].optional  # only docker-variant reports it
+    host = {
+        "nvidia": {"cuda_version_lower_bound": ["12.8", "12.6"]},
+        "x86_64": {"level": ["v3", "v2", "v1"]},
+    }
+    supported = [
+        VariantProperty(ns, feature, value)
+        for ns in read.namespace_priorities
+        if ns in host
+        for feature, values in host[ns].items()
+        for value in values
+    ]
+    theirs = sort_and_filter_supported_variants(
+        [read.variants[label] for label in sorted(read.variants)],
+        supported,
+        namespace_priorities=read.namespace_priorities,
+        filter_values=True,
+    )
+    ours = select(VariantIndex.from_json(written, "again"), host).ranked
+    assert [d.label for d in theirs] == [c.label for c in ours if c.label is not None]
+    assert [d.label for d in theirs] == ["cu128", "cu126", "null"]
 
 
 @pytest.mark.parametrize(

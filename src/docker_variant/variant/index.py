@@ -23,6 +23,7 @@ from docker_variant.variant.model import (
 )
 from docker_variant.variant.ordering import complete_namespace_order, merge_namespace_orders
 from docker_variant.variant.platform import Platform
+from docker_variant.vendors import for_namespace
 
 __all__ = [
     "SCHEMA_URL",
@@ -34,8 +35,9 @@ __all__ = [
     "build_index",
 ]
 
+#: The first shape of the document (still read).
 SCHEMA_URL = "https://variants-schema.wheelnext.dev/peps/825/v0.1.1.json"
-#: What variantlib 0.2.2 writes: PEP 825 as revised (python/peps#5086) moved per-provider
+#: What documents are written in, as variantlib 0.2.2 writes: PEP 825 as revised (python/peps#5086) moved per-provider
 #: ``feature-order`` and ``static-properties`` under ``providers.<namespace>`` and dropped
 #: ``default-priorities.feature``/``.property``. Documents of either shape are read.
 SCHEMA_URL_V020 = "https://variants-schema.wheelnext.dev/v0.2.0.json"
@@ -126,17 +128,25 @@ class VariantIndex:
     providers: dict[str, ProviderInfo] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "$schema": SCHEMA_URL,
-            "default-priorities": {"namespace": list(self.namespace_order)},
+        """The document in the schema variantlib writes (v0.2.0): every namespace of
+        ``default-priorities`` has its ``providers`` entry, as read or as its vendor module
+        names it (``NamespaceRules.provider_entry``)."""
+        order = [*self.namespace_order, *sorted(set(self.providers) - set(self.namespace_order))]
+        providers = {
+            ns: self.providers[ns].to_json()
+            if ns in self.providers
+            else for_namespace(ns).provider_entry()
+            for ns in order
+        }
+        return {
+            "$schema": SCHEMA_URL_V020,
+            "default-priorities": {"namespace": order},
+            "providers": dict(sorted(providers.items())),
             "variants": {label: v.to_json() for label, v in sorted(self.variants.items())},
             "images": {label: ref.to_json() for label, ref in sorted(self.images.items())},
             "bare": None if self.bare is None else self.bare.to_json(),
             "invalid": [{"tag": i.tag, "error": i.error} for i in self.invalid],
         }
-        if self.providers:
-            data["providers"] = {ns: p.to_json() for ns, p in sorted(self.providers.items())}
-        return data
 
     @property
     def is_empty(self) -> bool:

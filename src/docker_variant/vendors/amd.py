@@ -335,4 +335,5 @@ RULES = NamespaceRules(
     values={"gfx_arch": _GFX_RULE, "rocm_version": _ROCM_RULE},
     order_key=_order_key,
     dra=DraMapping(DRA_DOMAIN, HOMOGENEOUS_ATTRIBUTE, dra_guard, dra_clauses),
+    provider=("amd-variant-provider", None),  # wheelnext's (not on PyPI yet)
 )

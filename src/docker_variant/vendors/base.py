@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from docker_variant.errors import InvalidInputError, one_line
 
@@ -113,6 +114,21 @@ class NamespaceRules:
     order_key: OrderKey | None = None
     builtin: bool = True
     dra: DraMapping | None = None
+    # ``providers.<ns>`` of a PEP 825 document: the wheel-world plugin that reports this
+    # namespace (pip requirement, plugin API); None: only docker-variant reports it
+    provider: tuple[str, str | None] | None = None
+
+    def provider_entry(self) -> dict[str, Any]:
+        """What an index document says of the namespace's provider (PEP 825 v0.2.0): the
+        plugin pip and uv install for it; else an optional provider requiring docker-variant,
+        which installers skip unless asked (a descriptor's namespace, an opt-in plugin's)."""
+        if self.provider is None:
+            return {"requires": ["docker-variant"], "optional": True}
+        requirement, plugin_api = self.provider
+        entry: dict[str, Any] = {"requires": [requirement]}
+        if plugin_api is not None:
+            entry["plugin-api"] = plugin_api
+        return entry
 
     def check_feature_values(self, feature: str, values: list[str], where: str) -> None:
         """Raise ``InvalidInputError`` naming the value and the rule a variant breaks."""

@@ -20,8 +20,13 @@ X86_64 = NamespaceRules(
     values={
         "level": ValueRule(re.compile(r"v[1-4]"), "a microarchitecture level v1, v2, v3 or v4")
     },
+    provider=("provider-variant-x86-64", "provider_variant_x86_64.plugin:X8664Plugin"),
 )
-AARCH64 = NamespaceRules("aarch64", None)
+AARCH64 = NamespaceRules(
+    "aarch64",
+    None,
+    provider=("provider-variant-aarch64", "provider_variant_aarch64.plugin:AArch64Plugin"),
+)
 CPU_NAMESPACES = frozenset({X86_64.namespace, AARCH64.namespace})
 
 # Features in the order the plugins list them first.

@@ -330,4 +330,5 @@ RULES = NamespaceRules(
     },
     order_key=_order_key,
     dra=DraMapping(DRA_DOMAIN, HOMOGENEOUS_ATTRIBUTE, dra_guard, dra_clauses),
+    provider=("nvidia-variant-provider", None),  # wheelnext's; its plugin API by name
 )
