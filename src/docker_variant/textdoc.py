@@ -1,13 +1,33 @@
-"""What the bounded document readers (``jsondoc``, ``tomldoc``) share: strict UTF-8 decoding
-and a nesting check made before a recursive parser sees the text."""
+"""What the bounded readers of outside files (``jsondoc``, ``tomldoc``, the host root's
+sysfs files) share: reading a regular file only, bounded; strict UTF-8 decoding; and a nesting
+check made before a recursive parser sees the text."""
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
+from pathlib import Path
 
 from docker_variant.errors import InvalidInputError
 
-__all__ = ["decode_utf8", "nested_deeper"]
+__all__ = ["NotRegularFileError", "decode_utf8", "nested_deeper", "read_regular_file"]
+
+
+class NotRegularFileError(OSError):
+    """A FIFO, a device (``/dev/zero``), a socket or a directory where a file should be."""
+
+
+def read_regular_file(path: str | Path, limit: int) -> bytes:
+    """At most ``limit`` bytes of the regular file ``path``. Opened without blocking, so a
+    FIFO with no writer is refused at once instead of waited on; anything but a regular file
+    is ``NotRegularFileError``; a symlink loop or a missing file is the ``OSError`` of open."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    with os.fdopen(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise NotRegularFileError(errno.EINVAL, "not a regular file", str(path))
+        return handle.read(limit)
 
 
 def decode_utf8(data: bytes, what: str, kind: str) -> str:

@@ -10,16 +10,19 @@ Python's int included, is one ``InvalidInputError`` line naming the file and the
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from docker_variant.errors import InvalidInputError, one_line
-from docker_variant.textdoc import decode_utf8, nested_deeper
+from docker_variant.textdoc import (
+    NotRegularFileError,
+    decode_utf8,
+    nested_deeper,
+    read_regular_file,
+)
 
 __all__ = ["MAX_BYTES", "MAX_DEPTH", "load_toml", "read_toml_file"]
 
@@ -68,16 +71,10 @@ def read_toml_file(path: str | Path, what: str, *, max_bytes: int = MAX_BYTES) -
     regular file is read: a FIFO, a device (``/dev/zero``) or a socket is refused without
     waiting on it, and a symlink loop is a failure to open."""
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = read_regular_file(path, max_bytes + 1)
+    except NotRegularFileError:
+        raise InvalidInputError(f"{what}: not a regular file") from None
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise InvalidInputError(f"{what}: cannot read it ({reason})") from None
-    with os.fdopen(descriptor, "rb") as handle:
-        try:
-            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-                raise InvalidInputError(f"{what}: not a regular file")
-            data = handle.read(max_bytes + 1)
-        except OSError as exc:
-            reason = exc.strerror or type(exc).__name__
-            raise InvalidInputError(f"{what}: cannot read it ({reason})") from None
     return load_toml(data, what, max_bytes=max_bytes)

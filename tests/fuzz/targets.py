@@ -1,6 +1,6 @@
 """Fuzz targets: each takes arbitrary bytes and feeds them to one reader of untrusted input.
 
-The property, for every target but ``head``: the reader returns (findings, a document) or
+The property, for every target but ``route`` and ``headers``: the reader returns (findings, a document) or
 raises the package's own error (a ``DockerVariantError``), never anything else, and stays
 within an operation budget counted in code (bytes and reads of the stream it parses, the tar
 reader's own counters). A target raises ``AssertionError`` (the budget) or lets the stray
@@ -28,10 +28,17 @@ from docker_variant.contents.walker import merge_layers, scan_layer
 from docker_variant.errors import DockerVariantError
 from docker_variant.jsondoc import load_json
 from docker_variant.oci.reference import parse_reference
+from docker_variant.providers import amd
+from docker_variant.providers.descriptors import MAX_DESCRIPTOR_BYTES, apply_descriptors
+from docker_variant.providers.hostroot import HostRoot
+from docker_variant.providers.pci import read_pci_devices
 from docker_variant.proxy.names import PathError, RouteKind, parse_v2_path
 from docker_variant.proxy.passthrough import forwarded_headers
 from docker_variant.publish.matrix import parse_matrix
+from docker_variant.tomldoc import load_toml
 from docker_variant.variant.index import VariantIndex
+from docker_variant.vendors import BUILTIN_NAMESPACES
+from docker_variant.vendors.descriptor import parse_descriptor
 
 Target = Callable[[bytes], None]
 MAX_LEN = 1 << 14  # inputs the runner generates (seeds may be larger)
@@ -153,6 +160,48 @@ def headers(data: bytes) -> None:
         assert b"content-length" not in names, data
 
 
+def descriptor(data: bytes) -> None:
+    """A device descriptor file as ``providers.descriptors`` reads one (bounded, UTF-8,
+    depth first), then matched against a host root with one PCI device."""
+    with contextlib.suppress(DockerVariantError):
+        document = load_toml(data, "fuzz descriptor", max_bytes=MAX_DESCRIPTOR_BYTES)
+        described = parse_descriptor(document, "fuzz descriptor", BUILTIN_NAMESPACES)
+        apply_descriptors([described], _host_root())
+
+
+_ROOT: list[HostRoot] = []
+_FILES = (  # where the sysfs target writes its input: each a file a provider reads
+    f"{amd.TOPOLOGY}/1/properties",
+    "sys/bus/pci/devices/0000:17:00.0/vendor",
+    "sys/bus/pci/devices/0000:17:00.0/device",
+    "sys/module/amdgpu/version",
+    "opt/rocm/.info/version",
+)
+
+
+def _host_root() -> HostRoot:
+    """One host root for the run: a KFD GPU node and a PCI device, as the fixtures have."""
+    if not _ROOT:
+        root = Path(tempfile.mkdtemp(prefix="fuzz-hostroot-"))
+        for relative in _FILES:
+            (root / relative).parent.mkdir(parents=True, exist_ok=True)
+            (root / relative).write_bytes(b"0x1ed2\n")
+        _ROOT.append(HostRoot(root))
+    return _ROOT[0]
+
+
+def sysfs(data: bytes) -> None:
+    """Any bytes where a host-root file should be (KFD ``properties``, PCI ``vendor`` and
+    ``device``, the driver's and ROCm's ``version``): the AMD provider and the PCI reader
+    answer (an empty namespace at worst) or raise the package's own error."""
+    root = _host_root()
+    for relative in _FILES:
+        root.path(relative).write_bytes(data)
+    with contextlib.suppress(DockerVariantError):
+        amd.detect(root, {})
+    read_pci_devices(root)
+
+
 TARGETS: dict[str, Target] = {
     "elf": elf,
     "fatbin": fatbin,
@@ -163,5 +212,7 @@ TARGETS: dict[str, Target] = {
     "matrix": matrix,
     "route": route,
     "headers": headers,
+    "descriptor": descriptor,
+    "sysfs": sysfs,
 }
 CORPUS = Path(__file__).resolve().parent / "corpus"

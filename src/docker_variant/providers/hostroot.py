@@ -2,8 +2,9 @@
 
 Default ``/``; an agent in a container with the host's ``/sys`` mounted at ``/host/sys``
 passes ``/host`` (Node Feature Discovery's convention). Reads are bounded (sysfs attributes
-are a page at most) and never follow a path out of the root through ``..``; a file that
-cannot be read counts as absent, since sysfs attributes vanish with their devices.
+are a page at most), take regular files only (a FIFO or a device there is never waited on or
+read on) and never follow a path out of the root through ``..``; a file that cannot be read
+counts as absent, since sysfs attributes vanish with their devices.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from docker_variant.errors import InvalidInputError
+from docker_variant.textdoc import read_regular_file
 
 __all__ = ["HOST_ROOT_ENV", "MAX_FILE_BYTES", "HostRoot"]
 
@@ -48,9 +50,8 @@ class HostRoot:
     def read_text(self, relative: str | Path) -> str | None:
         """The file's text (at most ``MAX_FILE_BYTES``), or ``None`` when it cannot be read."""
         path = relative if isinstance(relative, Path) else self.path(relative)
-        try:
-            with path.open("rb") as stream:
-                data = stream.read(MAX_FILE_BYTES)
+        try:  # a FIFO, /dev/zero or a loop where a sysfs file should be: absent, at once
+            data = read_regular_file(path, MAX_FILE_BYTES)
         except OSError:
             return None
         return data.decode("utf-8", errors="replace")
