@@ -8,6 +8,8 @@ an upward arrow is one whether or not it runs at import time.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import docker_variant
@@ -46,7 +48,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("proxy", "scheduler"),
     ("agent",),
     # commands: they wire everything below into a process
-    ("render", "cli", "entry", "__main__", "scheduler.__main__", "proxy.__main__"),
+    ("render", "cli", "entry", "extras", "__main__", "scheduler.__main__", "proxy.__main__"),
 ]
 
 
@@ -120,6 +122,45 @@ def test_the_node_agent_never_imports_the_scheduler() -> None:
             if target.split(".")[0] in {"scheduler", "proxy"}:
                 offenders.append(f"{module_name(path)} -> {target}")
     assert offenders == []
+
+
+#: The modules that need an extra (``docker_variant.extras``): the servers' own.
+SERVER_MODULES = ("proxy", "scheduler", "server")
+SERVER_ONLY = {"uvicorn", "starlette", "sqlalchemy", "jinja2", "prometheus_client", "redis"}
+_BLOCK_SERVER_EXTRAS = """
+import importlib, importlib.abc, pkgutil, sys
+import docker_variant
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ImportError(f"{{name}} is in a server extra")
+sys.meta_path.insert(0, Blocked())
+for info in pkgutil.walk_packages(docker_variant.__path__, "docker_variant."):
+    short = info.name.removeprefix("docker_variant.")
+    if short.split(".")[0] in {servers!r} or short.endswith("__main__"):
+        continue
+    importlib.import_module(info.name)
+from docker_variant.cli import app
+sys.argv = ["docker-variant", "resolve", "--index", {index!r}, "--providers-file", {host!r}]
+app()
+"""
+
+
+def test_the_cli_needs_no_server_extra() -> None:
+    """The bare install is the CLI: with the servers' libraries made unimportable, every
+    module outside the servers imports and a command runs (``scripts/wheel-smoke`` does the
+    same with a real bare install)."""
+    root = PACKAGE.parents[1]
+    script = _BLOCK_SERVER_EXTRAS.format(
+        blocked=sorted(SERVER_ONLY),
+        servers=SERVER_MODULES,
+        index=str(root / "examples" / "pytorch-2.12.0.json"),
+        host=str(root / "examples" / "hosts" / "h200-r570.json"),
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "2.12.0-cu128"), done.stderr[-3000:]
 
 
 def test_the_map_in_the_package_docstring_names_every_package() -> None:

@@ -51,18 +51,19 @@ say "installing $name into /opt/docker-variant"
 wheelhouse=$rootfs/tmp/wheelhouse
 mkdir -p "$wheelhouse"
 cp "$wheel" "$wheelhouse/"
-"$python" -m pip download -q --disable-pip-version-check --only-binary=:all: -d "$wheelhouse" "$wheel"
+# the image runs both servers and the node agent: the [server] extra
+"$python" -m pip download -q --disable-pip-version-check --only-binary=:all: -d "$wheelhouse" "$wheel[server]"
 in_rootfs python3 -m venv /opt/docker-variant
 cp "$here/wheelhouse_gaps.py" "$rootfs/tmp/"
 # the image's Python may need what the host's did not (environment markers): fetch it too
 for _ in 1 2 3 4 5; do
-    mapfile -t gaps < <(in_rootfs /opt/docker-variant/bin/python /tmp/wheelhouse_gaps.py /tmp/wheelhouse docker-variant)
+    mapfile -t gaps < <(in_rootfs /opt/docker-variant/bin/python /tmp/wheelhouse_gaps.py /tmp/wheelhouse 'docker-variant[server]')
     ((${#gaps[@]})) || break
     say "also for the image's Python: ${gaps[*]}"
     "$python" -m pip download -q --disable-pip-version-check --only-binary=:all: -d "$wheelhouse" "${gaps[@]}"
 done
 in_rootfs /opt/docker-variant/bin/pip install -q --disable-pip-version-check --no-index \
-    --find-links /tmp/wheelhouse docker-variant
+    --find-links /tmp/wheelhouse 'docker-variant[server]'
 rm -rf "$wheelhouse" "$rootfs/tmp/wheelhouse_gaps.py" "$rootfs/root/.cache" \
     "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/locale/*
 mkdir -p "$rootfs/var/lib/docker-variant"

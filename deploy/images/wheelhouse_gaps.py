@@ -1,4 +1,4 @@
-"""Print the requirements that ROOT (a distribution in WHEELHOUSE) and its dependencies need on
+"""Print the requirements that ROOT (a distribution in WHEELHOUSE, with extras if named) and its dependencies need on
 *this* interpreter and that no wheel in WHEELHOUSE satisfies, one per line.
 
 Run by the image's own Python (Debian's), whose environment markers may differ from the build
@@ -30,7 +30,8 @@ def main(wheelhouse: Path, root: str) -> None:
     # walk the requirements that apply here, from the root, with the extras asked of each
     missing: set[str] = set()
     seen: set[tuple[str, str]] = set()
-    todo = [(canonicalize_name(root), "")]
+    wanted_root = Requirement(root)  # ``docker-variant[server]``: with those extras
+    todo = [(canonicalize_name(wanted_root.name), e) for e in ("", *wanted_root.extras)]
     while todo:
         name, extra = todo.pop()
         if (name, extra) in seen:

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from docker_variant import __version__
 
-__all__ = ["PLUGIN_METADATA", "PLUGIN_METADATA_JSON"]
+__all__ = ["COMPLETION_COMMANDS", "PLUGIN_METADATA", "PLUGIN_METADATA_JSON", "PLUGIN_NAME"]
+
+PLUGIN_NAME = "variant"  # ``docker variant ...``: the plugin is docker-variant
+#: How Docker asks a plugin to complete (cobra's protocol; Docker's bash script: NoDesc).
+COMPLETION_COMMANDS = ("__complete", "__completeNoDesc")
 
 PLUGIN_METADATA = {
     "SchemaVersion": "0.1.0",

@@ -31,6 +31,7 @@ from docker_variant.cli.options import (
 )
 from docker_variant.cli.output import broken_pipe
 from docker_variant.errors import DockerVariantError
+from docker_variant.pluginmeta import COMPLETION_COMMANDS
 from docker_variant.safetext import safe_text
 
 __all__ = ["app", "main"]
@@ -116,7 +117,7 @@ app = typer.Typer(
     help="PEP 817/825 variants for container images.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,  # --install-completion, --show-completion (bash, zsh, fish)
     cls=_Commands,
 )
 
@@ -161,6 +162,10 @@ def main(argv: list[str] | None = None) -> None:
     """Run the command line (``argv``: the arguments, default ``sys.argv[1:]``) and exit."""
     args = list(sys.argv[1:] if argv is None else argv)
     prog = "docker-variant"
+    if args[:1] and args[0] in COMPLETION_COMMANDS:  # Docker completing ``docker variant``
+        from docker_variant.cli.complete import run_cobra_completion
+
+        sys.exit(run_cobra_completion(typer.main.get_command(app), args))
     if (as_plugin := plugin.plugin_args(args)) is not None:  # run by the Docker CLI
         args, env = as_plugin
         os.environ.update(env)

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from docker_variant.errors import InvalidInputError
-from docker_variant.pluginmeta import PLUGIN_METADATA_JSON
+from docker_variant.pluginmeta import PLUGIN_METADATA_JSON, PLUGIN_NAME
 
 __all__ = ["install_plugin", "plugin_args", "plugin_script"]
 
@@ -46,7 +46,7 @@ def plugin_args(args: list[str]) -> tuple[list[str], dict[str, str]] | None:
     ``None`` where ``args`` are not in that form (the console script run by hand)."""
     env: dict[str, str] = {}
     at = 0
-    while at < len(args) and args[at] != "variant":
+    while at < len(args) and args[at] != PLUGIN_NAME:
         arg = args[at]
         name, eq, value = arg.partition("=")
         if name in _DOCKER_FLAGS:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from docker_variant.cli.complete import complete_reference
 from docker_variant.cli.options import GpusOpt, IndexOpt, Options, PlatformOpt, options_of
 from docker_variant.cli.output import emit_json, layer_progress, stderr_console, stdout_console
 from docker_variant.errors import InvalidInputError
@@ -122,7 +123,9 @@ def report_no_match(selection: Selection, target: Target) -> None:
 
 
 #: REF of ``ls`` and ``resolve`` (``--index`` instead is allowed).
-OptionalRefArg = Annotated[str | None, typer.Argument(help="registry/name:version")]
+OptionalRefArg = Annotated[
+    str | None, typer.Argument(help="registry/name:version", autocompletion=complete_reference)
+]
 
 
 def _selection(
@@ -193,7 +196,9 @@ def _chosen_message(best: Candidate, reference: Reference) -> str:
 
 def pull(
     ctx: typer.Context,
-    ref: Annotated[str, typer.Argument(help="registry/name:version")],
+    ref: Annotated[
+        str, typer.Argument(help="registry/name:version", autocompletion=complete_reference)
+    ],
     index: IndexOpt = None,
     platform: PlatformOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the choice only.")] = False,

@@ -23,6 +23,7 @@ from docker_variant import __version__
 from docker_variant.agent.client import check_scheduler_url, read_token
 from docker_variant.agent.command import add_agent_command, run_agent_command
 from docker_variant.errors import InvalidInputError, UnreachableError, one_line
+from docker_variant.extras import SCHEDULER
 from docker_variant.server.net import bind_socket, is_loopback, parse_listen
 from docker_variant.server.options import (
     ServerArgumentParser,
@@ -185,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve(args: Any, error: Callable[[str], Any]) -> int:
     """``variant-scheduler serve``: the server's modules are loaded here, not for --help."""
+    SCHEDULER.require("variant-scheduler serve")
     import uvicorn
     from sqlalchemy import exc as sa_exc
 
