@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from docker_variant import __version__
-from docker_variant.agent.client import check_scheduler_url, read_token
 from docker_variant.agent.command import add_agent_command, run_agent_command
 from docker_variant.errors import InvalidInputError, UnreachableError, one_line
 from docker_variant.extras import SCHEDULER
@@ -128,6 +127,7 @@ def _run_what_if(args: Any, error: Callable[[str], Any]) -> int:
     cannot be reached, or the image is missing; 4: the scheduler failed."""
     import httpx
 
+    from docker_variant.agent.client import check_scheduler_url, read_token
     from docker_variant.jsondoc import load_json, read_json_file
     from docker_variant.oci.errcode import read_error
     from docker_variant.oci.http import read_bounded, sync_client

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import ssl
 from typing import Any, NoReturn
 
 from docker_variant import __version__
@@ -115,6 +114,8 @@ def tls_options(args: argparse.Namespace) -> dict[str, Any]:
         if client_ca is not None:
             raise InvalidInputError("--tls-client-ca needs --tls-cert and --tls-key")
         return {}
+    import ssl  # here: ``--help`` and the agent's parser need no TLS (about 10 ms)
+
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         context.load_cert_chain(cert, key)
