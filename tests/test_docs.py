@@ -30,6 +30,9 @@ def _texts(*roots: Path) -> list[Path]:
     return found
 
 
+DOCS_SITE = "https://docker-variant.github.io/docker-variant/"  # mkdocs.yml's site_url
+
+
 def _help(*argv: str) -> str:
     env = {**os.environ, "COLUMNS": "200"}
     return subprocess.run(argv, capture_output=True, text=True, env=env, check=True).stdout
@@ -41,8 +44,11 @@ def test_readme_is_short_and_starts_with_the_two_set_up_commands() -> None:
     first_block = "\n".join(lines[: lines.index("```", lines.index("```sh") + 1)])
     assert "bash scripts/demo" in first_block and "bash scripts/test" in first_block
     assert (REPO / "scripts/demo").is_file() and (REPO / "scripts/test").is_file()
-    for target in re.findall(r"\]\((docs/[^)#]+)", "\n".join(lines)):
-        assert (REPO / target).is_file(), target
+    # links are absolute, as an index page (PyPI) shows them: each names a page of docs/
+    assert not re.findall(r"\]\((?!https?://)", "\n".join(lines))
+    for page in re.findall(re.escape(DOCS_SITE) + r"([^)#]*)", "\n".join(lines)):
+        source = DOCS / (page.rstrip("/") + ".md") if page else DOCS / "index.md"
+        assert source.is_file() or (DOCS / page / "index.md").is_file(), page
 
 
 def test_nothing_points_outside_the_repository() -> None:
