@@ -21,18 +21,17 @@ BASH_COMPLETION = Path("/usr/share/bash-completion/bash_completion")
 DOCKER_COMPLETION = Path("/usr/share/bash-completion/completions/docker")
 
 
+def _output(argv: list[str], env: dict[str, str]) -> str:
+    """The stdout of ``argv``, which must succeed."""
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def _bash(script: str, env: dict[str, str]) -> list[str]:
     """Run ``script`` in a non-interactive bash; its stdout, a line per candidate."""
-    done = subprocess.run(
-        ["bash", "--norc", "--noprofile", "-c", script],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return [line for line in done.stdout.splitlines() if line]
+    out = _output(["bash", "--norc", "--noprofile", "-c", script], env)
+    return [line for line in out.splitlines() if line]
 
 
 def _complete_line(words: list[str]) -> str:
@@ -65,20 +64,12 @@ def _env(bin_dir: Path) -> dict[str, str]:
 
 def test_typer_bash_completion_completes_commands_and_options(bin_dir: Path) -> None:
     env = _env(bin_dir)
-    shown = subprocess.run(
-        ["docker-variant", "--show-completion", "bash"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-    assert shown.returncode == 0, shown.stderr
+    shown = _output(["docker-variant", "--show-completion", "bash"], env)
     script = bin_dir / "docker-variant.bash"
-    script.write_text(shown.stdout)
+    script.write_text(shown)
     function = next(
         line.split()[0].removesuffix("()")
-        for line in shown.stdout.splitlines()
+        for line in shown.splitlines()
         if line.rstrip().endswith("() {")
     )
     prelude = f"source {script}; COMPLETE={function}; "

@@ -25,6 +25,7 @@ __all__ = ["complete_reference", "run_cobra_completion"]
 
 _NO_FILE_COMPLETION = 4  # cobra.ShellCompDirectiveNoFileComp
 _DEFAULT = 0  # cobra.ShellCompDirectiveDefault: the shell completes file names
+_PATHS = ("file", "dir")  # click's completion types that the shell completes itself
 _TAG_TIMEOUT_S = 2.0
 _MAX_TAGS = 500
 
@@ -62,13 +63,13 @@ def run_cobra_completion(command: click.Command, args: Sequence[str]) -> int:
         items = []
     lines = []
     for item in items:
-        if item.type == "file" or item.type == "dir":
+        if item.type in _PATHS:
             continue  # the directive below hands those to the shell
         value = str(item.value)
         if asked == "__complete" and item.help:
             value += "\t" + " ".join(str(item.help).split())
         lines.append(value)
-    wants_files = any(item.type in ("file", "dir") for item in items) or not items
+    wants_files = any(item.type in _PATHS for item in items) or not items
     directive = _DEFAULT if wants_files else _NO_FILE_COMPLETION
     sys.stdout.write("".join(f"{line}\n" for line in lines) + f":{directive}\n")
     sys.stderr.write(f"Completion ended with directive: {directive}\n")

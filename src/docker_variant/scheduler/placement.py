@@ -661,12 +661,7 @@ class _Search:
         self.device_name = device_name
 
     def _plan(
-        self,
-        key: str,
-        picks: Sequence[_Pick],
-        homogeneous: bool,
-        stage_homogeneous: bool = False,
-        worst: int = 1,
+        self, key: str, picks: Sequence[_Pick], homogeneous: bool, standing: tuple[int, int]
     ) -> Plan:
         allocations = tuple(
             NodeAllocation(
@@ -678,7 +673,6 @@ class _Search:
             )
             for p in picks
         )
-        standing = (0, 1) if stage_homogeneous else (1, worst)
         return Plan(self.candidates[key], allocations, homogeneous, self.shares, standing)
 
     def _take(self, runs: Sequence[_Run]) -> list[_Taken]:
@@ -717,7 +711,7 @@ class _Search:
             unit = _unit(self.pool.node(agent), self.judge, device_name, kind.spare, self.shares)
             devices = unit.pick(unit.free_of(class_key), self.per_node)
             picks.append(_Pick(1, 1, kind.spare, agent, unit, devices))
-        return self._plan(self.classes[class_key].first_choice, picks, True, True)
+        return self._plan(self.classes[class_key].first_choice, picks, True, (0, 1))
 
     def _kind_offer(self, key: str, kind: _Kind) -> tuple[int, int, str | None] | None:
         """(worst rank, classes, device name) of the best devices a node of ``kind`` has for
@@ -797,7 +791,7 @@ class _Search:
             used = {p.unit.host_class for p in picks}
         else:
             used = {p.unit.class_of[d.profile] for p in picks for d in p.devices}
-        return self._plan(key, picks, len(used) <= 1, worst=worst)
+        return self._plan(key, picks, len(used) <= 1, (1, worst))
 
     # ----------------------------------------------------------------------- refusals
 

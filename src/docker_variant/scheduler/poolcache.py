@@ -141,10 +141,16 @@ class PoolCache:
 
     # ----------------------------------------------------------------------- reading
 
-    def synced(self, conn: Connection, resource_group: str | None) -> Pool:
+    def synced(
+        self,
+        conn: Connection,
+        resource_group: str | None,
+        versions: tuple[int, int] | None = None,
+    ) -> Pool:
         """The pool of ``resource_group``, brought up to date (call with ``lock`` held):
-        nothing read but two versions while no other process changed anything."""
-        pool_v, allocation_v = rows.versions(conn)
+        nothing read but two versions while no other process changed anything (none when
+        the caller read them already, ``rows.versions``)."""
+        pool_v, allocation_v = rows.versions(conn) if versions is None else versions
         memory = self._pools.get(resource_group)
         if memory is None or memory.pool_version != pool_v:
             memory = self._load(conn, resource_group, pool_v, allocation_v)
@@ -154,10 +160,9 @@ class PoolCache:
             self._check_heartbeats(conn, memory)
         return memory.pool
 
-    def groups(self, conn: Connection) -> list[str]:
-        """The resource groups that hold an agent (call with ``lock`` held), read again only
-        when the pool's version moved."""
-        pool_v, _ = rows.versions(conn)
+    def _groups_at(self, conn: Connection, pool_v: int) -> list[str]:
+        """The resource groups that hold an agent, read again only when the pool's version
+        moved."""
         if self._groups is None or self._groups[0] != pool_v:
             self._groups = (pool_v, rows.resource_groups(conn))
         return self._groups[1]
@@ -168,10 +173,11 @@ class PoolCache:
         never mixes resource groups unless asked to."""
         if request.resource_group is not None or request.spread:
             return {request.resource_group: self.synced(conn, request.resource_group)}
-        groups = self.groups(conn)
+        versions = rows.versions(conn)  # once for every group's pool
+        groups = self._groups_at(conn, versions[0])
         if not groups:
-            return {None: self.synced(conn, None)}  # no agents: the refusal says so
-        return {group: self.synced(conn, group) for group in groups}
+            return {None: self.synced(conn, None, versions)}  # no agents: the refusal says so
+        return {group: self.synced(conn, group, versions) for group in groups}
 
     def learn_profiles(self, conn: Connection, keys: set[ProfileKey]) -> None:
         """Read the lists documents of ``keys`` not known yet."""
