@@ -15,6 +15,8 @@ import pytest
 
 from clirun import cli_env, run_cli
 from conftest import RunningRegistry
+from docker_variant.cli.complete import complete_reference
+from docker_variant.oci.client import SyncRegistryClient
 from imaging import push_raw_image
 
 BASH_COMPLETION = Path("/usr/share/bash-completion/bash_completion")
@@ -114,3 +116,15 @@ def test_cobra_protocol_answers_with_a_directive(bin_dir: Path) -> None:
         "node-labels",
         "containerd-hosts",
     ]
+
+
+def test_tags_outside_the_grammar_are_never_offered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A registry's tag list is outside input: Docker's bash script expands each candidate,
+    so a tag holding ``$(...)``, a newline or a space would reach the user's shell."""
+    hostile = ["2.12.0", "2.12.0$(touch pwned)", "2.12.0\nx", "2.12 0", "2.12.0-cu128"]
+    monkeypatch.setattr(SyncRegistryClient, "list_tags", lambda *_a, **_k: hostile)
+    assert complete_reference("127.0.0.1:9/app:2.12") == [
+        "127.0.0.1:9/app:2.12.0",
+        "127.0.0.1:9/app:2.12.0-cu128",
+    ]
+    assert complete_reference("127.0.0.1:9/app") == []  # a repository is never listed

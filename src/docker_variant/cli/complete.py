@@ -37,6 +37,7 @@ def complete_reference(incomplete: str) -> list[str]:
     if not colon or "/" not in repository or "/" in prefix:
         return []
     from docker_variant.oci.client import SyncRegistryClient
+    from docker_variant.oci.grammar import tag_problem
     from docker_variant.oci.reference import parse_reference
 
     try:
@@ -45,7 +46,10 @@ def complete_reference(incomplete: str) -> list[str]:
             tags = client.list_tags(reference.repository)
     except (DockerVariantError, OSError):
         return []
-    return [f"{repository}:{tag}" for tag in sorted(tags)[:_MAX_TAGS] if tag.startswith(prefix)]
+    # only tags of the grammar: Docker's bash script expands each candidate (``compgen -W``),
+    # so a registry's ``$(...)`` would run in the user's shell
+    valid = (tag for tag in sorted(tags) if tag_problem(tag) is None)
+    return [f"{repository}:{tag}" for tag in valid if tag.startswith(prefix)][:_MAX_TAGS]
 
 
 def run_cobra_completion(command: click.Command, args: Sequence[str]) -> int:
