@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -48,13 +49,28 @@ HOSTILE: dict[str, Callable[[Path], None]] = {
 }
 
 
+# Linux keeps the peak RSS of the memory a process exec'd from, so a CLI started straight
+# from a large pytest would report pytest's size. A fresh, small interpreter starts it
+# instead and reports its child's peak alone (wait4), on its own last line of stderr.
+PEAK_OF_CHILD = """
+import os, subprocess, sys
+child = subprocess.Popen(sys.argv[1:])
+_, status, usage = os.wait4(child.pid, 0)
+sys.stderr.write("\\npeak-rss-kib=%d\\n" % usage.ru_maxrss)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def providers(tmp_path: Path, *more: str) -> tuple[int, dict[str, Any], str, int]:
     """``docker-variant providers --json --host-root ROOT``: (exit code, the JSON, stderr,
-    its peak memory in KiB, from ``wait4``), killed if it runs past a deadline."""
+    its peak memory in KiB), killed with its starter if it runs past a deadline."""
     out, err = tmp_path / "out", tmp_path / "err"
     with out.open("wb") as stdout, err.open("wb") as stderr:
         process = subprocess.Popen(
             [
+                sys.executable,
+                "-c",
+                PEAK_OF_CHILD,
                 sys.executable,
                 "-m",
                 "docker_variant",
@@ -67,20 +83,21 @@ def providers(tmp_path: Path, *more: str) -> tuple[int, dict[str, Any], str, int
             stdout=stdout,
             stderr=stderr,
             env=cli_env({"XDG_CACHE_HOME": str(tmp_path / "cache")}, tmp_path),
+            start_new_session=True,  # the deadline ends the starter and the CLI together
         )
-    deadline = threading.Timer(60, process.kill)  # a hang ends here, and fails below
+    deadline = threading.Timer(60, os.killpg, (process.pid, signal.SIGKILL))
     deadline.start()
     try:
-        _, status, usage = os.wait4(process.pid, 0)
+        code = process.wait()  # a hang ends at the deadline, and fails below
     finally:
         deadline.cancel()
-    process.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
-    text = out.read_text()
+    text, errors = out.read_text(), err.read_text()
+    errors, _, peak = errors.rpartition("\npeak-rss-kib=")
     return (
-        process.returncode,
+        code,
         json.loads(text) if text.strip() else {},
-        err.read_text(),
-        usage.ru_maxrss,
+        errors,
+        int(peak) if peak.strip().isdigit() else MAX_RSS_KB,
     )
 
 
