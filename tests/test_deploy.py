@@ -36,7 +36,8 @@ UNITS = [
 def _documents(pattern: str) -> list[dict[str, Any]]:
     found = []
     for path in sorted((DEPLOY / "kubernetes").glob(pattern)):
-        found += [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        if path.name != "kustomization.yaml":
+            found += [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
     return found
 
 
@@ -135,8 +136,9 @@ def test_services_probes_and_budgets_match_their_pods() -> None:
 
 def test_the_proxy_pods_run_the_shipped_front() -> None:
     """The ConfigMap holds deploy/nginx/variant-proxy.conf itself, its placeholders set to
-    the cluster's registry, the proxy on the pod's loopback and a TLS listener; the proxy
-    listens on that loopback address only."""
+    the cluster's registry, the proxy on the pod's loopback and a TLS listener, and then a
+    listener for Prometheus that serves /metrics alone; the proxy listens on that loopback
+    address only."""
     shipped = (DEPLOY / "nginx/variant-proxy.conf").read_text()
     pod = dict(_workloads())["variant-proxy"]["spec"]
     proxy = next(c for c in pod["containers"] if c["name"] == "variant-proxy")
@@ -154,7 +156,14 @@ def test_the_proxy_pods_run_the_shipped_front() -> None:
     )
     assert expected != shipped
     config = _kind("ConfigMap")["variant-proxy-nginx"]["data"]["variant-proxy.conf"]
-    assert config == expected
+    assert config.startswith(expected)
+    # then the metrics listener: /metrics only, on the front's "metrics" port
+    front = next(c for c in pod["containers"] if c["name"] == "front")
+    port = next(p["containerPort"] for p in front["ports"] if p["name"] == "metrics")
+    metrics = config[len(expected) :]
+    assert f"listen {port};" in metrics and "location = /metrics {" in metrics, metrics
+    assert metrics.count("proxy_pass http://docker_variant_proxy;") == 1
+    assert "location / {\n        return 404;" in metrics
 
 
 def test_network_policies_deny_by_default_and_keep_redis_to_the_proxies() -> None:

@@ -1,0 +1,11 @@
+{{/* The image of one of docker-variant's programs: variant-proxy, variant-scheduler, variant-agent. */}}
+{{- define "docker-variant.image" -}}
+{{ .root.Values.image.prefix }}{{ .name }}:{{ .root.Values.image.tag | default .root.Chart.AppVersion }}
+{{- end -}}
+
+{{/* The two labels every object carries: its component and the whole. */}}
+{{- define "docker-variant.labels" -}}
+app.kubernetes.io/name: {{ . }}
+app.kubernetes.io/part-of: docker-variant
+{{- end -}}
+

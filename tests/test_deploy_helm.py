@@ -1,0 +1,157 @@
+"""deploy/helm/docker-variant: the chart lints, renders objects that validate against every
+Kubernetes version supported here under its defaults and under every option, and its
+defaults are exactly the kustomize base deploy/kubernetes/ (kubectl kustomize builds the
+same objects). helm and kubectl are the real binaries (scripts/k8s-tools)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+import render_kubernetes
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "deploy/helm/docker-variant"
+KUBERNETES = ("1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0")
+
+
+def _tool(name: str) -> str:
+    path = render_kubernetes.tool(name)
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"{name} not found at {path}: bash scripts/k8s-tools installs it")
+    return path
+
+
+def _objects(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d is not None]
+
+
+def _template(*values: str) -> list[dict[str, Any]]:
+    _tool("helm")
+    return _objects(render_kubernetes.helm_template(*values))
+
+
+def _key(document: dict[str, Any]) -> tuple[str, str]:
+    return document["kind"], document["metadata"]["name"]
+
+
+def _by_key(documents: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    keyed = {_key(d): d for d in documents}
+    assert len(keyed) == len(documents), Counter(map(_key, documents)).most_common(3)
+    return keyed
+
+
+# Every option a user may turn, rendered: each set must give valid objects.
+VALUE_SETS = {
+    "defaults": (),
+    "everything": (
+        "namespace.create=true", "serviceMonitor.enabled=true", "agent.runtimeClassName=nvidia",
+        "image.pullPolicy=IfNotPresent", "image.prefix=registry.example.internal/dv/",
+        "proxy.replicas=3", "scheduler.registries={a.example,b.example:5000}",
+        "agent.descriptors.warboy\\.toml=name = 'x'",
+    ),
+    "managed-redis": ("redis.enabled=false", "proxy.metrics.enabled=false"),
+    "proxy-only": ("scheduler.enabled=false", "agent.enabled=false", "serviceMonitor.enabled=true"),
+    "no-containerd-hosts": ("agent.containerdHosts.enabled=false",),
+}  # fmt: skip
+
+
+def test_helm_lint_is_clean() -> None:
+    result = subprocess.run(
+        [_tool("helm"), "lint", "--strict", str(CHART)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_the_base_is_what_the_chart_renders() -> None:
+    """deploy/kubernetes/ is current: rendering it again changes no file."""
+    _tool("helm")
+    result = subprocess.run(
+        [sys.executable, str(REPO / "devtools/render_kubernetes.py"), "--check"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
+def test_kubectl_kustomize_builds_the_charts_defaults() -> None:
+    built = subprocess.run(
+        [_tool("kubectl"), "kustomize", str(REPO / "deploy/kubernetes")],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert _by_key(_objects(built)) == _by_key(_template("namespace.create=true"))
+
+
+@pytest.mark.parametrize("values", sorted(VALUE_SETS))
+def test_every_rendering_validates(values: str) -> None:
+    documents = _template(*VALUE_SETS[values])
+    services = [d for d in documents if d["kind"] == "Service"]
+    for document in documents:
+        if document["kind"] == "ServiceMonitor":  # a CRD: checked against its Service here
+            _check_service_monitor(document, services)
+            continue
+        for version in KUBERNETES:
+            kubernetes_validate.validate(document, version, strict=True)
+
+
+def _check_service_monitor(monitor: dict[str, Any], services: list[dict[str, Any]]) -> None:
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    (service,) = [s for s in services if selector.items() <= s["metadata"]["labels"].items()]
+    ports = {p["name"] for p in service["spec"]["ports"]}
+    for endpoint in monitor["spec"]["endpoints"]:
+        assert endpoint["port"] in ports, (monitor["metadata"]["name"], endpoint)
+        assert endpoint["path"] == "/metrics"
+        if endpoint["scheme"] == "https":  # the scheduler's /metrics takes a token
+            assert endpoint["authorization"]["credentials"]["key"]
+
+
+def test_values_reach_the_objects() -> None:
+    objects = _by_key(_template(*VALUE_SETS["everything"]))
+    proxy = objects[("Deployment", "variant-proxy")]["spec"]
+    assert proxy["replicas"] == 3
+    images = {c["image"] for c in proxy["template"]["spec"]["containers"]}
+    assert "registry.example.internal/dv/variant-proxy:0.1.0" in images
+    scheduler = objects[("Deployment", "variant-scheduler")]["spec"]["template"]["spec"]
+    args = scheduler["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--registry=")] == [
+        "--registry=a.example", "--registry=b.example:5000"]  # fmt: skip
+    agent = objects[("DaemonSet", "variant-agent")]["spec"]["template"]["spec"]
+    assert agent["runtimeClassName"] == "nvidia"
+    assert {c["imagePullPolicy"] for c in agent["containers"]} == {"IfNotPresent"}
+    descriptors = objects[("ConfigMap", "variant-agent-descriptors")]["data"]
+    assert descriptors == {"warboy.toml": "name = 'x'"}
+
+
+def test_a_managed_redis_leaves_out_redis_and_its_policy() -> None:
+    kinds = {_key(d) for d in _template(*VALUE_SETS["managed-redis"])}
+    assert not {k for k in kinds if k[1] == "variant-proxy-redis"}
+    proxy = {k for k in kinds if k[1] == "variant-proxy"}
+    assert ("Deployment", "variant-proxy") in proxy
+
+
+def test_the_redis_budget_lets_a_drain_move_it() -> None:
+    """Redis has a budget selecting its pod, which never blocks a drain: the proxies serve
+    from their own caches while it is away."""
+    objects = _by_key(_template())
+    budget = objects[("PodDisruptionBudget", "variant-proxy-redis")]["spec"]
+    pod = objects[("Deployment", "variant-proxy-redis")]["spec"]
+    assert (
+        budget["selector"]["matchLabels"].items() <= pod["template"]["metadata"]["labels"].items()
+    )
+    assert budget["maxUnavailable"] >= pod["replicas"]
+
+
+def test_an_https_upstream_is_refused_by_name() -> None:
+    argv = [_tool("helm"), "template", "x", str(CHART), "--set", "proxy.upstream=https://reg:5000"]
+    result = subprocess.run(argv, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "proxy.upstream" in result.stderr and "http://HOST:PORT" in result.stderr
