@@ -60,6 +60,7 @@ VALUE_SETS = {
     ),
     "managed-redis": ("redis.enabled=false", "proxy.metrics.enabled=false"),
     "proxy-only": ("scheduler.enabled=false", "agent.enabled=false", "serviceMonitor.enabled=true"),
+    "dashboard": ("grafana.dashboard.enabled=true", "grafana.dashboard.namespace=monitoring"),
     "no-containerd-hosts": ("agent.containerdHosts.enabled=false",),
 }  # fmt: skip
 

@@ -10,7 +10,7 @@
 | ``POST /v1/placements/{id}/replace`` | move a degraded placement onto healthy devices: 201, or 409 |
 | ``POST /v1/what-if`` | would it place now; else how many nodes of each template would make it (``whatif.py``) |
 | ``GET /healthz`` | 200 when the database answers, else 503 |
-| ``GET /metrics`` | Prometheus text: placements by state (any valid token) |
+| ``GET /metrics`` | Prometheus text: agents, devices, placements, outcomes, latencies (``metrics.py``; any valid token) |
 | ``GET /ui`` | the fleet view, one HTML page (``ui.py``); a browser may send the token as a Basic password |
 
 Errors are one line in ``{"errors": [{"code", "message", "detail"}]}``: 400 bad input, 401
@@ -21,13 +21,11 @@ no or unknown token, 403 wrong role or another client's placement, 404 unknown i
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterator
+import time
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -50,6 +48,7 @@ from docker_variant.scheduler.documents import (
     parse_agent_report,
     parse_placement_body,
 )
+from docker_variant.scheduler.metrics import SchedulerMetrics
 from docker_variant.scheduler.placement import Refusal
 from docker_variant.scheduler.store import STATES, Store
 from docker_variant.scheduler.tokens import ANONYMOUS, Principal, TokenTable
@@ -137,24 +136,6 @@ def _registry_failure(exc: RegistryError) -> Response:
     )
 
 
-class _PlacementStates(Collector):
-    """``variant_scheduler_placements{state}``, counted when scraped."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
-    def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(
-            "variant_scheduler_placements",
-            "Placements by state (degraded: a device unhealthy or gone, or its agent past "
-            "the TTL).",
-            labels=["state"],
-        )
-        for state, count in self.store.placement_states().items():
-            family.add_metric([state], count)
-        yield family
-
-
 async def _json_body(request: Request) -> Any:
     return load_json(await read_body(request, _MAX_BODY), "request body")
 
@@ -176,8 +157,7 @@ def create_app(
     registry it reaches themselves) resolves any registry.
     """
     allowed = frozenset(registries or ())
-    registry = CollectorRegistry(auto_describe=False)  # one per app: tests run several
-    registry.register(_PlacementStates(store))
+    metrics = SchedulerMetrics(store)  # the store's plan and commit times included
     any_registry = not allowed and tokens is None
 
     def caller(request: Request, *roles: str, browser: bool = False) -> Principal:
@@ -266,6 +246,20 @@ def create_app(
         reference, index = await run_in_threadpool(fetch, check_registry(wanted.image))
         return index, lambda candidate: str(reference.with_tag(candidate.tag))
 
+    def counted(operation: str) -> Callable[[Endpoint], Endpoint]:
+        """Count each answer of ``operation`` by its outcome (``metrics.outcome_of``)."""
+
+        def wrap(handler: Endpoint) -> Endpoint:
+            async def endpoint(request: Request) -> Response:
+                response = await handler(request)
+                metrics.count(operation, response.status_code)
+                return response
+
+            return endpoint
+
+        return wrap
+
+    @counted("place")
     @_guard
     async def post_placement(request: Request) -> Response:
         who = caller(request, "client")
@@ -279,16 +273,19 @@ def create_app(
         location = f"/v1/placements/{outcome['id']}"
         return JSONResponse(outcome, 201, headers={"Location": location})
 
+    @counted("what_if")
     @_guard
     async def post_what_if(request: Request) -> Response:
         caller(request, "client")  # as a placement: it reveals no more than one would
         question = parse_what_if(await _json_body(request))
         wanted = question.request
         index, _ = await target_of(wanted)
+        started = time.perf_counter()
         pools = await run_in_threadpool(store.snapshots, wanted)  # copies
         answer = await run_in_threadpool(
             what_if_in_groups, index, wanted, pools, question.templates
         )
+        metrics.what_if.observe(time.perf_counter() - started)
         return JSONResponse(answer.to_json())
 
     @_guard
@@ -316,6 +313,7 @@ def create_app(
         _, document = await owned(request)
         return JSONResponse(document)
 
+    @counted("replace")
     @_guard
     async def replace_placement(request: Request) -> Response:
         placement_id, _ = await owned(request)
@@ -346,9 +344,9 @@ def create_app(
         return JSONResponse({"status": "ok"} | ({} if tokens else {"database": store.url}))
 
     @_guard
-    async def metrics(request: Request) -> Response:
+    async def metrics_text(request: Request) -> Response:
         caller(request)  # any valid token: a scraper's
-        text = await run_in_threadpool(generate_latest, registry)  # reads the database
+        text = await run_in_threadpool(metrics.render)  # reads the database
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     async def openapi(_request: Request) -> Response:
@@ -377,7 +375,7 @@ def create_app(
             Route("/v1/placements", post_placement, methods=["POST"]),
             Route("/v1/agents/{agent_id}", put_agent, methods=["PUT"]),
             Route("/healthz", healthz, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
+            Route("/metrics", metrics_text, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
             Route("/ui", fleet_view, methods=["GET", "POST"]),
             Route("/v1/agents", list_agents, methods=["GET"]),

@@ -457,6 +457,12 @@ def agent_rows(
     )
 
 
+def agents_seen(conn: Connection) -> list[tuple[str, float]]:
+    """(resource group, last heartbeat) of every agent: all the metrics need of them."""
+    query = select(agents.c.resource_group, agents.c.last_seen)
+    return [(group, seen) for group, seen in conn.execute(query)]
+
+
 def resource_groups(conn: Connection) -> list[str]:
     """The resource groups that hold an agent, sorted."""
     query = select(agents.c.resource_group).distinct().order_by(agents.c.resource_group)

@@ -63,6 +63,10 @@ _RACE = Backoff(first=0.005)
 _T = TypeVar("_T")
 
 
+def _ignore_stage(_stage: str, _seconds: float) -> None:
+    pass
+
+
 class _Lost(Exception):
     """A plan's commit lost to a concurrent one (``label``: the candidate it chose)."""
 
@@ -94,6 +98,9 @@ class Store:
         # the database) still race; the database settles it and the loser plans again.
         self._placing = threading.Lock()
         self._judges = JudgeCache()
+        # How long each stage of a placement took ("plan", "commit"), for the metrics;
+        # the app's metrics set it (``metrics.SchedulerMetrics.watch``).
+        self.observe_stage: Callable[[str, float], None] = _ignore_stage
 
     @classmethod
     def open(cls, url: str, **kwargs: Any) -> Store:
@@ -230,8 +237,11 @@ class Store:
 
         def planned(conn: Connection) -> tuple[str | None, Plan] | Refusal:
             """The plan and its resource group (call with the pools' lock held)."""
+            started = time.perf_counter()
             judge = self._judges.judge(index, self.cache.profiles)
-            return plan_in_groups(index, self.cache.pools_for(conn, request), request, judge)
+            outcome = plan_in_groups(index, self.cache.pools_for(conn, request), request, judge)
+            self.observe_stage("plan", time.perf_counter() - started)
+            return outcome
 
         def attempt() -> dict[str, Any] | Refusal:
             with self._placing:
@@ -243,7 +253,10 @@ class Store:
                     return outcome
                 group, chosen = outcome
                 document = self._document(chosen, group, request, image_of, owner)
-                if self._commit(chosen, document, request):
+                started = time.perf_counter()
+                committed = self._commit(chosen, document, request)
+                self.observe_stage("commit", time.perf_counter() - started)
+                if committed:
                     return document
             raise _Lost(chosen.candidate.label or BARE)
 
@@ -273,10 +286,12 @@ class Store:
                     group, chosen = outcome
                     label = chosen.candidate.label or BARE
                     document = self._document(chosen, group, request, image_of, owner)
+                    started = time.perf_counter()
                     rows.insert_placement(conn, document, asked, self.clock())
                     taken = rows.take(conn, document["id"], chosen)
                     version = rows.bump_allocations(conn)
                 self.cache.apply_allocations(version, taken=taken)
+                self.observe_stage("commit", time.perf_counter() - started)
         except Exception as error:
             if lost_race(error):  # not expected here; if ever, plan again as elsewhere
                 raise _Lost(label) from error
@@ -346,8 +361,15 @@ class Store:
         with self.rows.read("listing placements") as conn:
             return rows.placement_list(conn, state)
 
+    def agents_seen(self) -> list[tuple[str, bool]]:
+        """(resource group, alive) of every agent, alive by ``agent_ttl`` now."""
+        with self.rows.read("counting agents") as conn:
+            seen = rows.agents_seen(conn)
+        now = self.clock()
+        return [(group, self.cache.alive(last, now)) for group, last in seen]
+
     def placement_states(self) -> dict[str, int]:
-        """How many placements are in each state (for /healthz)."""
+        """How many placements are in each state (for /metrics)."""
         self._degrade_lapsed()
         with self.rows.read("counting placements") as conn:
             return rows.placement_states(conn)

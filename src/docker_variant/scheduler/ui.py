@@ -24,8 +24,8 @@ import base64
 import binascii
 import json
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,12 +35,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
-from docker_variant import vendors
 from docker_variant.api.names import check_agent_id
 from docker_variant.errors import InvalidInputError, one_line
 from docker_variant.jsondoc import load_json
 from docker_variant.oci.errors import RegistryError
-from docker_variant.scheduler.documents import SHARE
+from docker_variant.scheduler.fleet import best_values, describe, fleet_classes
 from docker_variant.scheduler.placement import Judge, candidate_key
 from docker_variant.scheduler.pool import Pool, natural_key
 from docker_variant.scheduler.store import Store
@@ -51,7 +50,7 @@ from docker_variant.variant.model import SupportedLists
 from docker_variant.variant.selection import select
 from docker_variant.variant.virtual import virtual_host
 
-__all__ = ["SECURITY_HEADERS", "basic_token", "describe", "fleet_page", "page_context"]
+__all__ = ["SECURITY_HEADERS", "basic_token", "fleet_page", "page_context"]
 
 #: No script may run, nothing is loaded from elsewhere, forms post back here only.
 SECURITY_HEADERS = {
@@ -62,7 +61,6 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 _MAX_FORM = 4 * 1024 * 1024  # an index document typed or pasted in
-_SHOWN = 40  # characters of one value shown in a title (the lists show it whole)
 
 
 def basic_token(request: Request) -> str | None:
@@ -76,165 +74,6 @@ def basic_token(request: Request) -> str | None:
         return None
     _, colon, password = decoded.partition(":")
     return password if colon and password else None
-
-
-# --------------------------------------------------------------------------- what is shown
-
-
-@dataclass(frozen=True)
-class Description:
-    """What a device's lists say of it, in words: ``product`` and ``driver`` (``-``: nothing)."""
-
-    product: str = "-"
-    driver: str = "-"
-
-    def said(self) -> list[str]:
-        return [text for text in (self.product, self.driver) if text != "-"]
-
-
-def _shown(value: str) -> str:
-    return one_line(value, _SHOWN)
-
-
-def _nvidia(features: Mapping[str, list[str]]) -> Description:
-    """``sm 9.0 (H100, H200, GH200)`` and ``CUDA 12.8 (R570)``."""
-    product = "-"
-    cc = vendors.nvidia.capability_of(dict(features))
-    if cc is not None:
-        known = vendors.nvidia.product_name(cc)
-        product = f"sm {cc[0]}.{cc[1]}" + (f" ({known})" if known else "")
-    elif real := [v for v in features.get("sm_arch", []) if v.endswith("_real")]:
-        product = _shown(real[0])  # a value the vendor's rule cannot read: shown as it is
-    driver = "-"
-    if lower := features.get("cuda_version_lower_bound", []):
-        cuda = vendors.nvidia.cuda_value(lower[0])
-        branch = vendors.nvidia.driver_branch(cuda[:2]) if cuda is not None else None
-        driver = f"CUDA {_shown(lower[0])}" + (f" ({branch})" if branch else "")
-    return Description(product, driver)
-
-
-def _amd(features: Mapping[str, list[str]]) -> Description:
-    """``gfx942 (Instinct MI300A, Instinct MI300X, ...)`` and ``ROCm 6.4``."""
-    product = "-"
-    if gfx := vendors.amd.gfx_of(dict(features)):
-        known = vendors.amd.product_name(gfx) if vendors.amd.gfx_value(gfx) else None
-        product = _shown(gfx) + (f" ({known})" if known else "")
-    rocm = features.get("rocm_version", [])
-    return Description(product, f"ROCm {_shown(rocm[0])}" if rocm else "-")
-
-
-def _described(namespace: str, features: Mapping[str, list[str]]) -> Description:
-    """A namespace without a vendor module (a device descriptor's, a plugin's): its first
-    feature's best value names the product, a feature about the driver the driver."""
-    driver_features = [f for f in features if "driver" in f and features[f]]
-    others = [f for f in features if f not in driver_features and features[f]]
-    product = f"{namespace} {_shown(features[others[0]][0])}" if others else namespace
-    driver = "-"
-    if driver_features:
-        feature = driver_features[0]
-        driver = f"{feature.replace('_', ' ')} {_shown(features[feature][0])}"
-    return Description(product, driver)
-
-
-_VENDORS: Mapping[str, Callable[[Mapping[str, list[str]]], Description]] = {
-    vendors.nvidia.NAMESPACE: _nvidia,
-    vendors.amd.NAMESPACE: _amd,
-}
-
-
-def describe(lists: SupportedLists) -> Description:
-    """What the lists say of the accelerator they describe (a heartbeat carries lists, not
-    product names): the first accelerator namespace's words, NVIDIA and AMD by their vendor
-    modules, any other namespace but a CPU's by its own values."""
-    for namespace, features in lists.items():
-        if namespace in vendors.CPU_NAMESPACES or not features:
-            continue
-        vendor = _VENDORS.get(namespace)
-        return vendor(features) if vendor else _described(namespace, features)
-    return Description()
-
-
-@dataclass(frozen=True)
-class BestValue:
-    namespace: str
-    feature: str
-    value: str
-    more: int  # further values in the list
-
-
-def best_values(lists: SupportedLists) -> Iterator[BestValue]:
-    """Each feature's best value (the page shows the whole lists on demand)."""
-    for namespace, features in lists.items():
-        for feature, values in features.items():
-            if values:
-                yield BestValue(namespace, feature, values[0], len(values) - 1)
-
-
-@dataclass
-class FleetClass:
-    """Devices of one name with identical lists on one platform."""
-
-    device_name: str
-    lists: SupportedLists
-    platform: str | None
-    agents: set[str] = field(default_factory=set)
-    devices: int = 0
-    free: int = 0  # healthy and unused: a whole-device request can take it
-    used: int = 0  # healthy, some or all of its shares allocated
-    unhealthy: int = 0
-    capacity: int = 0  # shares of the healthy devices, in millionths
-    room: int = 0  # shares left on them
-
-    @property
-    def description(self) -> Description:
-        return describe(self.lists)
-
-    @property
-    def product(self) -> str:
-        return self.description.product
-
-    @property
-    def driver(self) -> str:
-        return self.description.driver
-
-    @property
-    def shown_agents(self) -> str:
-        agents = sorted(self.agents, key=natural_key)
-        more = f" +{len(agents) - 3}" if len(agents) > 3 else ""
-        return ", ".join(agents[:3]) + more
-
-    @property
-    def shares(self) -> str:
-        return f"{self.room / SHARE:g} of {self.capacity / SHARE:g}"
-
-
-def fleet_classes(pool: Pool) -> list[FleetClass]:
-    """The live devices grouped by name, lists and platform (every device visited once)."""
-    judge = Judge(VariantIndex([], {}), pool.profiles)  # for the platform rule only
-    classes: dict[tuple[str, str, str | None], FleetClass] = {}
-    for node in pool.nodes:
-        platform = judge.platform(node)
-        for name, members in node.devices.items():
-            for device in members:
-                key = (name, device.profile, platform)
-                row = classes.get(key)
-                if row is None:
-                    row = classes[key] = FleetClass(name, pool.profiles[device.profile], platform)
-                row.agents.add(node.agent_id)
-                row.devices += 1
-                if not device.healthy:
-                    row.unhealthy += 1
-                    continue
-                row.capacity += device.capacity
-                row.room += device.room
-                if device.free:
-                    row.free += 1
-                else:
-                    row.used += 1
-    return sorted(
-        classes.values(),
-        key=lambda c: (c.device_name, c.product, c.driver, c.platform or ""),
-    )
 
 
 @dataclass(frozen=True)
