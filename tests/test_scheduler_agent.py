@@ -12,6 +12,7 @@ import copy
 import http.server
 import importlib.util
 import json
+import logging
 import os
 import queue
 import random
@@ -806,3 +807,25 @@ def test_a_bad_answer_is_one_logged_error_and_a_retry(
     assert "heartbeat 1 to" in failed[0]["message"] and reason in failed[0]["message"], failed
     assert not any("registered" in line["message"] for line in lines), lines
     assert "Traceback" not in agent.text()
+
+
+def test_an_agent_with_no_devices_warns_once(
+    tmp_path: Path, no_user_descriptors: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node reporting no device at all is worth a warning (a GPU node without its driver
+    or mounts looks just like it): once, not at every beat; a node with devices gets none."""
+    empty = tmp_path / "host"
+    (empty / "sys").mkdir(parents=True)
+    agent = Agent(AgentSettings("http://127.0.0.1:9", "cpu-1", host_root=empty))
+    with caplog.at_level(logging.WARNING, logger="docker_variant"):
+        agent.report()
+        agent.report()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "agent cpu-1 reports no devices" in warnings[0]
+    assert f"{empty}/sys/class/kfd" in warnings[0]
+    caplog.clear()
+    gpus = Agent(AgentSettings("http://127.0.0.1:9", "amd", host_root=HOST_ROOTS / "mi300x"))
+    with caplog.at_level(logging.WARNING, logger="docker_variant"):
+        gpus.report()
+    assert not [r for r in caplog.records if "no devices" in r.getMessage()]

@@ -492,3 +492,33 @@ def test_chromium_shows_the_matrix_and_a_failure_after_a_reload(
     kept = ARTIFACTS / "fleet-view.png"
     shutil.copyfile(shot, kept)
     print(f"\nfleet view screenshot: {kept}")
+
+
+def test_every_host_is_listed_with_its_problems_first(tmp_path: Path) -> None:
+    """A host without devices, a stale one and one with an unhealthy GPU are listed, first
+    and marked; a plain GET reloads itself (meta refresh), a posted index does not."""
+    clock = [1_000_000.0]
+    opened = Store.open(f"sqlite:///{tmp_path / 'hosts.db'}", agent_ttl=90, clock=lambda: clock[0])
+    try:
+        with SchedulerServer(opened) as server:
+            put(server.url, "old-a100", agent_body(A100_R535, 2))
+            clock[0] += 120  # old-a100 is stale now
+            for i in range(3):
+                put(server.url, f"h200-{i}", agent_body(H200_R570, 4))
+            put(server.url, "cpu-only", agent_body(None))
+            sick = agent_body(H200_R570, 4) | {"unhealthy": {"cuda": ["GPU-1"]}}
+            put(server.url, "h200-sick", sick)
+            page = httpx.get(f"{server.url}/ui").text
+            posted = httpx.post(f"{server.url}/ui", data={"index": json.dumps(INDEX)}).text
+    finally:
+        opened.close()
+    rows = parse(page).tables["hosts"][1:]
+    assert [row[0] for row in rows] == [
+        "cpu-only", "h200-sick", "old-a100", "h200-0", "h200-1", "h200-2"]  # fmt: skip
+    state = {row[0]: row[2] for row in rows}
+    assert state["cpu-only"] == "alive (no devices reported)"
+    assert state["h200-sick"] == "alive (1 unhealthy)"
+    assert state["old-a100"] == "stale"
+    assert rows[3][4] == "cuda: 4 / 0"
+    assert '<meta http-equiv="refresh" content="30">' in page
+    assert "http-equiv" not in posted

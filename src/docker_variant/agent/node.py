@@ -188,6 +188,7 @@ class Agent:
         self._sources: dict[str, str] | None = None  # which provider answered, last report
         self.beats = 0  # heartbeats the scheduler took
         self.reported = 0  # devices in the last report
+        self._said_no_devices = False  # warned once that none are reported
 
     @property
     def url(self) -> str:
@@ -243,7 +244,19 @@ class Agent:
             body["unhealthy"] = unhealthy
         if capacity:
             body["capacity"] = capacity
-        self.reported = sum(len(ids) for ids in devices.values())
+        reported = sum(len(ids) for ids in devices.values())
+        if reported == 0 and (self.reported or not self._said_no_devices):
+            # at start, and whenever the last device goes: a GPU node that reports none is
+            # a driver or mount problem, and the scheduler places nothing on it that needs one
+            _log.warning(
+                "agent %s reports no devices: no NVIDIA GPU answered NVML, no AMD GPU is "
+                "in %s/sys/class/kfd, no device descriptor matched; it takes only "
+                "placements with devices_per_node 0",
+                self.settings.agent_id,
+                self.settings.host_root or "",
+            )
+            self._said_no_devices = True
+        self.reported = reported
         return body
 
     def _log_sources(self, sources: Mapping[str, str]) -> None:

@@ -139,6 +139,57 @@ def variant_matrix(index: VariantIndex, pool: Pool) -> Matrix:
     return Matrix(columns, rows, invalid)
 
 
+#: Hosts listed on the page: the rest are counted (``GET /v1/agents`` lists every one).
+MAX_HOSTS = 1000
+#: Seconds between reloads of a plain GET of the page (a posted index is not reloaded).
+REFRESH = 30
+
+
+@dataclass(frozen=True)
+class HostRow:
+    """One agent: its heartbeat's age and state, and its devices by name."""
+
+    agent_id: str
+    resource_group: str
+    alive: bool
+    last_seen: str
+    devices: list[tuple[str, int, int]]  # (device name, free, allocated)
+    unhealthy: int
+    problem: str | None  # why it is shown first: stale, no devices, unhealthy devices
+
+
+def host_rows(views: Sequence[Mapping[str, Any]]) -> tuple[list[HostRow], int]:
+    """Every agent, those with a problem first (stale, no devices, unhealthy devices),
+    then by id; at most ``MAX_HOSTS``, and how many were left out."""
+    rows = []
+    for view in views:
+        devices = [
+            (name, len(ids.get("free", [])), len(ids.get("allocated", [])))
+            for name, ids in view.get("devices", {}).items()
+        ]
+        unhealthy = sum(len(ids) for ids in view.get("unhealthy", {}).values())
+        problem = None
+        if not view.get("alive", True):
+            problem = "stale: no heartbeat within the agent TTL"
+        elif not devices:
+            problem = "no devices reported"
+        elif unhealthy:
+            problem = f"{unhealthy} unhealthy"
+        rows.append(
+            HostRow(
+                view["agent_id"],
+                view.get("resource_group", "-"),
+                view.get("alive", True),
+                view.get("last_seen", "-"),
+                devices,
+                unhealthy,
+                problem,
+            )
+        )
+    rows.sort(key=lambda r: (r.problem is None, natural_key(r.agent_id)))
+    return rows[:MAX_HOSTS], max(0, len(rows) - MAX_HOSTS)
+
+
 @dataclass(frozen=True)
 class PlacementRow:
     id: str
@@ -215,10 +266,15 @@ def page_context(
     resource_group: str | None = None,
     shares: Mapping[str, Any] | None = None,
     now: datetime | None = None,
+    refresh: int | None = None,
 ) -> dict[str, Any]:
     """Everything ``fleet.html`` shows, computed here (the template only lays it out)."""
     classes = fleet_classes(pool)
+    hosts, hosts_left_out = host_rows(views)
     return {
+        "refresh": refresh,
+        "hosts": hosts,
+        "hosts_left_out": hosts_left_out,
         "resource_group": resource_group,
         "summary": {
             "agents": len(views),
@@ -301,6 +357,7 @@ async def fleet_page(
         error=error,
         resource_group=group,
         shares=shares,
+        refresh=REFRESH if request.method == "GET" else None,  # a posted form is kept
     )
     # rendered off the event loop: a fleet of thousands of agents is a long page
     return await run_in_threadpool(
