@@ -460,3 +460,38 @@ def test_a_reader_that_goes_away_is_exit_141_not_1(args: list[str], tmp_path: Pa
     errors = process.stderr.read()
     assert process.wait(timeout=60) == 141, errors
     assert errors == b""
+
+
+def test_ls_quiet_and_format_as_docker_has_them(files: dict[str, str]) -> None:
+    """``ls -q``: the compatible variants' references, best first; ``--format``: json lines
+    or a template of ``{{.Field}}`` placeholders; anything else is exit 2 naming it."""
+    ls = ("ls", "--index", files["index"], "--providers-file", files["h200"])
+    quiet = run_cli(*ls, "-q")
+    assert (quiet.returncode, quiet.stdout.split()) == (
+        0, ["1.0.0-cu128", "1.0.0-cu126", "1.0.0-v3", "1.0.0-null", "1.0.0"])  # fmt: skip
+    template = run_cli(*ls, "--format", "{{.Rank}}\\t{{.Tag}}\\t{{ .Compatible }}")
+    lines = template.stdout.splitlines()
+    assert lines[0] == "1\t1.0.0-cu128\ttrue"
+    assert "\t1.0.0-sm100\tfalse" in lines
+    reasons = run_cli(*ls, "--format", "{{.Label}}: {{.Reason}}").stdout.splitlines()
+    assert "npu: no provider for namespace furiosa on this host" in reasons
+    rows = [json.loads(line) for line in run_cli(*ls, "--format", "json").stdout.splitlines()]
+    assert [r["label"] for r in rows if r["compatible"]] == ["cu128", "cu126", "v3", "null", None]
+    assert all(r["reference"] == r["tag"] for r in rows)  # --index: no registry to name
+    for bad, needle in (
+        ("{{.Name}}", "'{{.Name}}' is not a placeholder"),
+        ("{{range .}}{{.Tag}}{{end}}", "'{{range .}}' is not a placeholder"),
+        ("tags", "--format 'tags': no {{.Field}} placeholder"),
+    ):
+        result = run_cli(*ls, "--format", bad)
+        assert_one_line_error(result, 2, needle)
+        assert result.stdout == ""
+    assert_one_line_error(run_cli(*ls, "-q", "--json"), 2, "give one of --json, --quiet")
+
+
+def test_pull_quiet_prints_the_reference_alone(files: dict[str, str]) -> None:
+    result = run_cli(
+        "pull", "reg.example:5000/app:1.0.0", "--index", files["index"], "--dry-run", "-q",
+        "--providers-file", files["h200"],
+    )  # fmt: skip
+    assert (result.returncode, result.stdout) == (0, "reg.example:5000/app:1.0.0-cu128\n")

@@ -6,9 +6,11 @@ need it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from docker_variant.errors import InvalidInputError
 from docker_variant.oci.imageindex import IndexEntry
 from docker_variant.safetext import safe_text
 from docker_variant.variant import Candidate, Selection, SupportedLists, Variant
@@ -56,6 +58,51 @@ def candidate_json(candidate: Candidate) -> dict[str, Any]:
         "platform": candidate.platform,
         "properties": candidate.variant.to_json() if candidate.variant else {},
     }
+
+
+#: ``ls --format`` placeholders, Docker's ``{{.Field}}`` spelling, and what each shows.
+FORMAT_FIELDS = ("Rank", "Label", "Tag", "Reference", "Digest", "Kind", "Compatible",
+                 "Platform", "Reason")  # fmt: skip
+_PLACEHOLDER = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
+
+
+def check_format(template: str) -> str:
+    """An ``ls --format`` template: ``table`` (the default), ``json`` (one object a line) or
+    text with ``{{.Field}}`` placeholders and ``\\t``/``\\n``; anything else in ``{{ }}``
+    (Go template logic) is refused, naming it."""
+    if template in ("table", "json"):
+        return template
+    for found in _PLACEHOLDER.finditer(template):
+        field = found.group(1)
+        if not field.startswith(".") or field[1:] not in FORMAT_FIELDS:
+            raise InvalidInputError(
+                f"--format: {found.group(0)!r} is not a placeholder; use table, json, or "
+                f"text with {', '.join('{{.' + f + '}}' for f in FORMAT_FIELDS)}"
+            )
+    if "{{" not in template:
+        raise InvalidInputError(
+            f"--format {template!r}: no {{{{.Field}}}} placeholder (table, json, or e.g. "
+            "'{{.Tag}}\\t{{.Compatible}}')"
+        )
+    return template
+
+
+def format_candidate(template: str, candidate: Candidate, reference: str | None) -> str:
+    """One line of ``ls --format TEMPLATE`` (checked by ``check_format``); every value as
+    text with control characters escaped."""
+    values = {
+        "Rank": candidate.rank or "",
+        "Label": candidate.label or f"({candidate.kind})",
+        "Tag": candidate.tag,
+        "Reference": reference or candidate.tag,
+        "Digest": candidate.digest or "",
+        "Kind": candidate.kind,
+        "Compatible": "true" if candidate.compatible else "false",
+        "Platform": candidate.platform or "",
+        "Reason": candidate.reason or "",
+    }
+    text = template.replace("\\t", "\t").replace("\\n", "\n")
+    return _PLACEHOLDER.sub(lambda m: safe_text(str(values[m.group(1)[1:]]), markup=False), text)
 
 
 def selection_json(selection: Selection, reference: str | None) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
@@ -13,7 +14,7 @@ from docker_variant.cli.options import GpusOpt, IndexOpt, Options, PlatformOpt, 
 from docker_variant.cli.output import emit_json, layer_progress, stderr_console, stdout_console
 from docker_variant.errors import InvalidInputError
 from docker_variant.oci.reference import Reference
-from docker_variant.render import selection_json, selection_table
+from docker_variant.render import candidate_json, selection_json, selection_table
 from docker_variant.safetext import safe_text
 from docker_variant.variant import Candidate, Selection, VariantIndex, select
 
@@ -138,21 +139,56 @@ def _selection(
     return opts, target, choice.select(target.index)
 
 
+QuietOpt = Annotated[
+    bool,
+    typer.Option(
+        "--quiet", "-q", help="Print only references: ls, of the compatible variants, best first."
+    ),
+]
+
+
 def ls_(
     ctx: typer.Context,
     ref: OptionalRefArg = None,
     index: IndexOpt = None,
     platform: PlatformOpt = None,
     gpus: GpusOpt = None,
+    quiet: QuietOpt = False,
+    format_: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            help="table (default), json (one variant a line) or a template of "
+            "{{.Rank}} {{.Label}} {{.Tag}} {{.Reference}} {{.Digest}} {{.Kind}} "
+            "{{.Compatible}} {{.Platform}} {{.Reason}}, e.g. '{{.Tag}}\\t{{.Compatible}}'.",
+        ),
+    ] = None,
 ) -> None:
     """List every variant: compatible or not (with the reason), rank and tag."""
+    from docker_variant.render import check_format, format_candidate
+
+    layout = check_format(format_) if format_ is not None else "table"
+    opts = options_of(ctx)
+    if (quiet and format_ is not None) or (opts.json and (quiet or format_ is not None)):
+        raise InvalidInputError("give one of --json, --quiet and --format")
     opts, target, selection = _selection(ctx, ref, index, platform, gpus)
-    if opts.json:
+    if quiet:
+        for c in selection.candidates:
+            if c.compatible:
+                sys.stdout.write(target.chosen_ref(c.tag) + "\n")
+    elif opts.json:
         data = selection_json(selection, str(target.reference) if target.reference else None)
         notes = _devices_notes(selection)
         if notes:
             data["some_devices"] = notes  # fits the host's lists, not each of its devices
         emit_json(data)
+    elif layout == "json":
+        for c in selection.candidates:
+            line = candidate_json(c) | {"reference": target.chosen_ref(c.tag)}
+            sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
+    elif layout != "table":
+        for c in selection.candidates:
+            sys.stdout.write(format_candidate(layout, c, target.chosen_ref(c.tag)) + "\n")
     else:
         stdout_console().print(selection_table(selection, f"Variants of {target.describe()}"))
         for label, note in _devices_notes(selection).items():
@@ -203,6 +239,10 @@ def pull(
     platform: PlatformOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the choice only.")] = False,
     gpus: GpusOpt = None,
+    quiet: Annotated[
+        bool,
+        typer.Option("--quiet", "-q", help="No progress; print only the chosen reference."),
+    ] = False,
 ) -> None:
     """Pull the best variant of REF for this host and tag it as REF and as its own tag."""
     from docker_variant.oci.reference import parse_reference
@@ -237,7 +277,7 @@ def pull(
         if engine is not None:
             from docker_variant.docker.ops import pull_candidate
 
-            with layer_progress("pull", shown=not opts.json) as progress:
+            with layer_progress("pull", shown=not (opts.json or quiet)) as progress:
                 result = pull_candidate(engine, reference, best, progress)
     finally:
         if engine is not None:
@@ -254,5 +294,7 @@ def pull(
                 "tags": list(result.tags) if result else [],
             }
         )
+    elif quiet:  # as docker pull -q: the reference alone
+        sys.stdout.write(target.chosen_ref(best.tag) + "\n")
     else:
         sys.stdout.write(safe_text(message, markup=False) + "\n")
