@@ -91,9 +91,15 @@ def test_every_command_and_option_is_in_the_cli_reference() -> None:
 
 
 def _scheduler_routes() -> set[tuple[str, str]]:
+    import tempfile
+
+    from docker_variant.scheduler import Store
     from docker_variant.scheduler.app import create_app
 
-    app = create_app(store=None)  # type: ignore[arg-type]  # routes only: nothing is called
+    with tempfile.TemporaryDirectory() as tmp:  # the routes only: nothing is called
+        store = Store.open(f"sqlite:///{tmp}/routes.db")
+        app = create_app(store)
+        store.close()
     return {
         (route.path, method)
         for route in app.routes
