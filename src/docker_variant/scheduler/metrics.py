@@ -41,13 +41,13 @@ OUTCOMES = ("placed", "refused", "answered", "invalid", "denied", "not_found", "
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
+_OUTCOMES = {201: "placed", 200: "answered", 409: "refused", 400: "invalid", 401: "denied",
+             403: "denied", 404: "not_found"}  # fmt: skip
+
+
 def outcome_of(status: int) -> str:
     """The ``outcome`` label of an answer's status."""
-    if status in (200, 201):
-        return "placed" if status == 201 else "answered"
-    return {409: "refused", 400: "invalid", 401: "denied", 403: "denied", 404: "not_found"}.get(
-        status, "failed"
-    )
+    return _OUTCOMES.get(status, "failed")
 
 
 class _Fleet(Collector):
@@ -74,7 +74,7 @@ class _Fleet(Collector):
             labels=["device_name", "product", "state"],
         )
         counts: dict[tuple[str, str], list[int]] = {}
-        for cls in fleet_classes(self.store.snapshot()):
+        for cls in self.store.read_pool(fleet_classes):
             figures = counts.setdefault((cls.device_name, cls.product), [0, 0, 0])
             figures[0] += cls.free
             figures[1] += cls.used

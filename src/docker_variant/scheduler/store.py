@@ -203,14 +203,20 @@ class Store:
     def pool_summary(self, resource_group: str | None = None) -> dict[str, Any]:
         """The free shares of the live pool (of ``resource_group``), and its fragmentation:
         the share of the free capacity that no whole-device request can use."""
-        with self.rows.read("reading the pool") as conn, self.cache.lock:
-            figures = pool_shares(self.cache.synced(conn, resource_group))
+        figures = self.read_pool(pool_shares, resource_group)
         return {
             "capacity_shares": shares_out(figures.capacity),
             "free_shares": shares_out(figures.free),
             "stranded_shares": shares_out(figures.stranded),
             "fragmentation": round(figures.fragmentation, 4),
         }
+
+    def read_pool(self, reader: Callable[[Pool], _T], resource_group: str | None = None) -> _T:
+        """``reader`` applied to the live pool (of ``resource_group``) under the cache's lock,
+        nothing copied: for counts and summaries, which must neither keep the pool nor pay
+        for a copy of it. ``reader`` must not keep references into the pool either."""
+        with self.rows.read("reading the pool") as conn, self.cache.lock:
+            return reader(self.cache.synced(conn, resource_group))
 
     def snapshot(self, resource_group: str | None = None) -> Pool:
         """Live agents (of ``resource_group``), their devices, which are free, their lists:
