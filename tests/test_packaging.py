@@ -44,3 +44,30 @@ def test_metadata_a_package_index_shows() -> None:
     assert shown["Requires-Python"] == ">=3.11"
     assert "pep825" in (shown["Keywords"] or "")
     assert shown.get_all("Project-URL")
+
+
+def test_the_oldest_constraints_pin_every_lower_bound() -> None:
+    """``constraints/oldest.txt`` (what ``scripts/test-oldest`` installs) pins each of the
+    package's own requirements, the extras' too, at its lower bound, and nothing else: a floor
+    raised or lowered in pyproject.toml without the pin would test versions nobody asked for."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    project = PYPROJECT["project"]
+    extras = project["optional-dependencies"]
+    requirements = [
+        Requirement(text)
+        for text in (*project["dependencies"], *extras["proxy"], *extras["scheduler"])
+    ]
+    floors: dict[str, Version] = {}
+    for requirement in requirements:
+        lower = [s.version for s in requirement.specifier if s.operator in (">=", "~=", "==")]
+        assert len(lower) == 1, f"{requirement}: one lower bound"
+        floors[canonicalize_name(requirement.name)] = Version(lower[0])
+    pins: dict[str, Version] = {}
+    for line in (REPO / "constraints/oldest.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, pinned = line.partition("==")
+            pins[canonicalize_name(name)] = Version(pinned)
+    assert pins == floors
