@@ -10,3 +10,6 @@ agent's options without loading the providers:
 - ``node``: the agent itself: detect, judge, report, again and again;
 - ``command``: the ``agent`` subcommand's options and its run.
 """
+
+#: Seconds between heartbeats unless ``--interval`` says otherwise.
+DEFAULT_INTERVAL_S = 10.0

@@ -1,19 +1,21 @@
 """``variant-scheduler agent``: the node agent's options, and its run until SIGTERM/SIGINT.
 
 Only the options are defined at import (the scheduler's command line builds its parser from
-them); the providers are loaded when the agent runs."""
+them, with argparse alone: ``variant-scheduler --help`` loads nothing else); the providers, and
+the settings' dataclass, are loaded when the agent runs."""
 
 from __future__ import annotations
 
 import argparse
-import threading
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
-from docker_variant.agent.settings import DEFAULT_INTERVAL_S, AgentSettings
+from docker_variant.agent import DEFAULT_INTERVAL_S
 from docker_variant.errors import DockerVariantError, InvalidInputError, one_line
 from docker_variant.server.options import add_duration_argument, add_log_level_argument
+
+TYPE_CHECKING = False  # typing costs ~5 ms at start-up; type checkers read this as True
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["add_agent_command", "run_agent_command"]
 
@@ -24,9 +26,8 @@ def add_agent_command(commands: Any) -> None:
         "agent", help="run the node agent (heartbeats this node)"
     )
     agent.add_argument("--scheduler", required=True, metavar="URL", help="http(s)://HOST:PORT")
-    agent.add_argument(
-        "--token-file", type=Path, metavar="FILE", help="the agent's bearer token (one line)"
-    )
+    # paths stay text here (pathlib is loaded when the agent runs)
+    agent.add_argument("--token-file", metavar="FILE", help="the agent's bearer token (one line)")
     add_duration_argument(
         agent,
         "--interval",
@@ -37,14 +38,12 @@ def add_agent_command(commands: Any) -> None:
     )
     agent.add_argument(
         "--providers-file",
-        type=Path,
         metavar="FILE",
         help="supported lists, or `docker-variant providers --devices --json` output, "
         "instead of detection (default $DOCKER_VARIANT_PROVIDERS_FILE)",
     )
     agent.add_argument(
         "--host-root",
-        type=Path,
         metavar="DIR",
         help="read the host's files (sys/..., opt/rocm/...) under DIR, as an agent in a "
         "container with the host's /sys mounted under DIR does; NVML is not affected "
@@ -52,7 +51,6 @@ def add_agent_command(commands: Any) -> None:
     )
     agent.add_argument(
         "--descriptors",
-        type=Path,
         metavar="DIR",
         help="also read the device descriptors (*.toml) in DIR, after "
         "/etc/docker-variant/providers.d and $XDG_CONFIG_HOME/docker-variant/providers.d "
@@ -78,9 +76,12 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
     import signal
     import socket
     import sys
+    import threading
+    from pathlib import Path
 
     from docker_variant.agent.client import check_scheduler_url
     from docker_variant.agent.node import Agent
+    from docker_variant.agent.settings import AgentSettings
     from docker_variant.api.names import check_agent_id
     from docker_variant.providers import PROVIDERS_FILE_ENV, HostRoot
     from docker_variant.server.logs import configure_logging
@@ -102,18 +103,19 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
         except InvalidInputError as exc:
             raise InvalidInputError(str(exc).replace("agent_id", "--resource-group", 1)) from None
         providers_file = args.providers_file or os.environ.get(PROVIDERS_FILE_ENV) or None
-        if args.host_root is not None:
-            HostRoot.resolve(args.host_root)  # named in one line now, even with a providers file
+        host_root = Path(args.host_root) if args.host_root is not None else None
+        if host_root is not None:
+            HostRoot.resolve(host_root)  # named in one line now, even with a providers file
         settings = AgentSettings(
             scheduler,
             agent_id,
             group,
             args.interval,
-            args.token_file,
+            Path(args.token_file) if args.token_file is not None else None,
             Path(providers_file) if providers_file else None,
             tuple(args.enable_provider),
-            host_root=args.host_root,
-            descriptors=args.descriptors,
+            host_root=host_root,
+            descriptors=Path(args.descriptors) if args.descriptors is not None else None,
         )
         configure_logging(args.log_level)
         agent = Agent(settings, stop=stop)

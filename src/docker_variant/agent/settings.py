@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DEFAULT_INTERVAL_S", "AgentSettings"]
+from docker_variant.agent import DEFAULT_INTERVAL_S
 
-DEFAULT_INTERVAL_S = 10.0
+__all__ = ["AgentSettings"]
 
 
 @dataclass(frozen=True)

@@ -6,24 +6,21 @@ make it fit (docs/reference/scheduler-api.md, ``whatif.py``); it exits 0 when it
 Bad arguments (a bad database URL or listen address, a busy port) end with one line on stderr
 and exit code 2; a database that cannot be reached at start, one line and exit code 3. Never a
 traceback.
+
+``--help`` loads argparse and this package's option helpers only (bench/bench_startup.py): each
+command imports what it runs on.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 from docker_variant import __version__
 from docker_variant.agent.command import add_agent_command, run_agent_command
 from docker_variant.errors import InvalidInputError, UnreachableError, one_line
-from docker_variant.extras import SCHEDULER
-from docker_variant.server.net import bind_socket, is_loopback, parse_listen
 from docker_variant.server.options import (
     ServerArgumentParser,
     add_duration_argument,
@@ -33,6 +30,10 @@ from docker_variant.server.options import (
     add_version_argument,
     tls_options,
 )
+
+TYPE_CHECKING = False  # typing costs ~5 ms at start-up; type checkers read this as True
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["DEFAULT_LISTEN", "main"]
 
@@ -113,9 +114,7 @@ def _add_what_if_command(commands: Any) -> None:
         help=f"the running scheduler whose pool is asked (default ${SCHEDULER_ENV}, "
         f"else http://{DEFAULT_LISTEN})",
     )
-    what_if.add_argument(
-        "--token-file", type=Path, metavar="FILE", help="a client's bearer token (one line)"
-    )
+    what_if.add_argument("--token-file", metavar="FILE", help="a client's bearer token (one line)")
     what_if.add_argument(
         "request", metavar="REQUEST", help="a placement request, JSON ('-': stdin)"
     )
@@ -125,6 +124,9 @@ def _run_what_if(args: Any, error: Callable[[str], Any]) -> int:
     """Ask the scheduler's ``POST /v1/what-if``; print its JSON answer. 0: it fits now or a
     template helps; 1: neither; 2: bad input; 3: the scheduler (or the registry it asks)
     cannot be reached, or the image is missing; 4: the scheduler failed."""
+    import json
+    from pathlib import Path
+
     import httpx
 
     from docker_variant.agent.client import check_scheduler_url, read_token
@@ -135,7 +137,7 @@ def _run_what_if(args: Any, error: Callable[[str], Any]) -> int:
 
     try:
         scheduler = check_scheduler_url(args.scheduler)
-        token = read_token(args.token_file) if args.token_file else None
+        token = read_token(Path(args.token_file)) if args.token_file else None
         if args.request == "-":
             wanted = load_json(sys.stdin.buffer.read(), "REQUEST (stdin)")
         else:
@@ -186,7 +188,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve(args: Any, error: Callable[[str], Any]) -> int:
     """``variant-scheduler serve``: the server's modules are loaded here, not for --help."""
+    from docker_variant.extras import SCHEDULER
+
     SCHEDULER.require("variant-scheduler serve")
+    import logging
+    from pathlib import Path
+
     import uvicorn
     from sqlalchemy import exc as sa_exc
 
@@ -196,6 +203,7 @@ def _serve(args: Any, error: Callable[[str], Any]) -> int:
     from docker_variant.scheduler.store import Store
     from docker_variant.scheduler.tokens import load_tokens
     from docker_variant.server.logs import configure_logging
+    from docker_variant.server.net import bind_socket, is_loopback, parse_listen
 
     try:
         host, port = parse_listen(args.listen)
