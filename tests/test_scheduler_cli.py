@@ -93,7 +93,7 @@ def test_serve_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
 def test_the_command_line_names_the_database_default_without_loading_it() -> None:
     """``variant-scheduler --help`` loads no server (SQLAlchemy, Starlette), and nothing
     beyond argparse that a command loads when it runs (typing, dataclasses, logging,
-    pathlib, socket, json, ssl, httpx: 40 ms of its start-up): the default database URL it
+    pathlib, socket, json, ssl, httpx, shutil: 45 ms of its start-up): the default database URL it
     prints is written out there, and agrees with the database module's."""
     import subprocess
     import sys
@@ -106,7 +106,7 @@ def test_the_command_line_names_the_database_default_without_loading_it() -> Non
         "import sys; from docker_variant.scheduler.__main__ import main\n"
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
         "print(sorted(m for m in ('sqlalchemy', 'starlette', 'uvicorn', 'jinja2', 'typing', "
-        "'dataclasses', 'logging', 'pathlib', 'socket', 'json', 'ssl', 'httpx') "
+        "'dataclasses', 'logging', 'pathlib', 'socket', 'json', 'ssl', 'httpx', 'shutil') "
         "if m in sys.modules))"
     )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
