@@ -111,3 +111,23 @@ def test_the_command_line_names_the_database_default_without_loading_it() -> Non
     )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert loaded.stdout.strip().splitlines()[-1] == "[]", loaded.stdout + loaded.stderr
+
+
+@pytest.mark.parametrize("columns", ["60", "200", "0", "-5", "abc"])
+def test_the_help_width_follows_argparses_own_rule(
+    monkeypatch: pytest.MonkeyPatch, columns: str
+) -> None:
+    """The help formatter computes the width as argparse does through shutil (``$COLUMNS``
+    when positive, else the terminal, else 80; less 2), without importing shutil."""
+    import argparse
+
+    from docker_variant.server.options import _HelpFormatter
+
+    monkeypatch.setenv("COLUMNS", columns)
+    description = " ".join(["a word that wraps"] * 40)
+
+    def rendered(formatter: type[argparse.HelpFormatter]) -> str:
+        parser = argparse.ArgumentParser("prog", description=description, formatter_class=formatter)
+        return parser.format_help()
+
+    assert rendered(_HelpFormatter) == rendered(argparse.HelpFormatter)

@@ -35,12 +35,12 @@ def _terminal_columns() -> int:
     """``shutil.get_terminal_size().columns`` (``$COLUMNS``, else stdout's terminal, else 80)
     without importing shutil, which brings bz2, lzma and fnmatch: 4 ms of ``--help``."""
     try:
-        if columns := int(os.environ.get("COLUMNS", "0")):
+        if (columns := int(os.environ.get("COLUMNS", "0"))) > 0:
             return columns
     except ValueError:
         pass
     try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
     except (AttributeError, ValueError, OSError):
         return 80
 
