@@ -123,3 +123,49 @@ def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devstack.Se
     yield service
     service.stop()
     shutil.rmtree(service.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real Kubernetes v1.37.2 control plane for the session (``devtools/kubecluster.py``,
+    as ``scripts/kube-up`` starts it); skips, with the reason, only where Go is missing."""
+    import kubecluster
+
+    if not kubecluster.binary_path().is_file() and shutil.which("go") is None:
+        pytest.skip("go is not installed: the control plane is built from the Go module proxy")
+    plane = kubecluster.up(tmp_path_factory.mktemp("kube"))
+    yield plane
+    kubecluster.down(plane.root)
+
+
+@pytest.fixture
+def kube_api(kube: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The admin's client on the session's control plane, with a fresh namespace (its name
+    in ``client.headers["X-Test-Namespace"]``); on teardown every pod, claim, template,
+    slice and node the test made is deleted, so the next test meets an empty cluster."""
+    import kubeplane
+
+    namespace = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:50]
+    namespace = namespace.strip("-")
+    with kube.client() as client:
+        kubeplane.create(
+            client, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        )
+        client.headers["X-Test-Namespace"] = namespace
+        yield client
+        for kind in (
+            "Job",
+            "Pod",
+            "ResourceClaimTemplate",
+            "ResourceClaim",
+            "PodGroup",
+            "Workload",
+        ):
+            kubeplane.delete_all(client, kind, namespace)
+        # Claims carry the controller's finalizer until their pods are gone: await that.
+        kubeplane.await_value(
+            lambda: True if not kubeplane.items(client, "ResourceClaim", namespace) else None,
+            "the test's ResourceClaims to be deleted",
+        )
+        for kind in ("ResourceSlice", "Node", "DeviceClass"):
+            kubeplane.delete_all(client, kind)
