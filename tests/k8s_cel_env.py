@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import total_ordering
+from functools import lru_cache, total_ordering
 from typing import Any
 
 import celpy
@@ -168,8 +168,10 @@ class Device:
 _ENV = celpy.Environment()
 
 
+@lru_cache(maxsize=1024)
 def compile_selector(expression: str) -> Any:
-    """Parse ``expression`` (raises ``celpy.CELParseError``) into a runnable program."""
+    """Parse ``expression`` (raises ``celpy.CELParseError``) into a runnable program; a
+    program is reused across devices (the tests evaluate one selector on many)."""
     return _ENV.program(_ENV.compile(expression), functions=FUNCTIONS)
 
 

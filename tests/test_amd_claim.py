@@ -1,6 +1,6 @@
 """``k8s claim`` for a set with ROCm and CUDA variants: the AMD GPU DRA driver's attributes
-(``deviceID``, ``productName``, ``driverVersion``), checked with kubernetes-validate and, on
-every AMD GPU of the host-root fixtures, against what the ``amd`` provider reports."""
+(``type``, ``deviceID``, ``productName``, ``driverVersion``), checked with kubernetes-validate
+and, on every AMD GPU of the host-root fixtures, against what the ``amd`` provider reports."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from docker_variant.k8s.claim import claim_template, plan_claim
+from docker_variant.k8s.claim import claim_template, plan_claim, selectors_of
 from docker_variant.providers import HostRoot
 from docker_variant.providers.amd import detect, kernel_driver, parse_properties
 from docker_variant.variant import VariantIndex, select
 from docker_variant.variant.ordering import HostMatcher, Rejection
 from docker_variant.vendors import amd
-from k8s_cel_env import Device, amd_gpu, first_available_of_class, matches, nvidia_gpu
+from k8s_cel_env import Device, Semver, amd_gpu, first_available_of_class, matches, nvidia_gpu
 
 HOSTS = Path(__file__).parent / "fixtures" / "hostroot"
 AMD_HOSTS = ("mi300x", "mi210-navi31", "mi355x", "mi250x")
-K8S_VERSION = "1.35"
+K8S_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 
 VARIANTS: dict[str, Any] = {
     "rocm70gfx950": {"amd": {"gfx_arch": ["gfx950"], "rocm_version": ["7.0"]}},
@@ -79,8 +79,12 @@ def fixture_devices() -> list[tuple[str, Device, dict[str, list[str]]]]:
 
 def test_the_claim_validates_and_asks_each_vendor_its_class() -> None:
     for count in (1, 4):
-        doc = document(count)
-        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        for partitions in (False, True):
+            doc = claim_template(
+                plan_claim(index(), partitions=partitions), name="mixed", count=count
+            )
+            for version in K8S_VERSIONS:
+                kubernetes_validate.validate(doc, version, strict=True)
     classes = {sub["name"]: sub["deviceClassName"] for sub in subrequests(document())}
     assert classes["cu128"] == "gpu.nvidia.com"
     assert {classes[label] for label in VARIANTS if label.startswith("rocm")} == {"gpu.amd.com"}
@@ -141,3 +145,101 @@ def test_a_gfx_target_with_no_known_device_fits_none() -> None:
     )
     plan = plan_claim(odd)
     assert "g" in plan.left_out and "gpu.amd.com" in plan.left_out["g"]
+
+
+# --------------------------------------------------------------------------- device kinds
+
+
+def kind(device: Device, kind_name: str, **attributes: object) -> Device:
+    """``device`` as another of the driver's device types (a partition, a VFIO device)."""
+    return Device(
+        device.name, device.driver, {**device.attributes, "type": kind_name, **attributes}
+    )
+
+
+def test_amd_subrequests_take_whole_gpus_unless_partitions_are_asked_for() -> None:
+    """The gpu.amd.com class admits every device of the driver: each AMD subrequest (the
+    selector-free fallback too) first selects whole GPUs; never a VFIO device, whose
+    0x74b5 (MI300X VF) is in gfx942's table."""
+    mi300x = amd_gpu(0x74A1, "AMD_Instinct_MI300X_OAM", "6.12.12")
+    partition = kind(mi300x, "amdgpu-partition", partitionProfile="cpx_nps1")
+    vf = kind(amd_gpu(0x74B5, "AMD_Instinct_MI300X_OAM", "6.12.12"), "vfio", isVF=True)
+    default, with_partitions = (
+        subrequests(claim_template(plan_claim(index(), partitions=p), name="m", count=1))
+        for p in (False, True)
+    )
+    assert first_available_of_class(default, mi300x) == "rocm64gfx942"
+    assert first_available_of_class(default, partition) is None
+    assert first_available_of_class(default, vf) is None
+    assert first_available_of_class(with_partitions, partition) == "rocm64gfx942"
+    assert first_available_of_class(with_partitions, vf) is None
+    for sub in default:
+        if sub["deviceClassName"] == "gpu.amd.com":
+            first = sub["selectors"][0]["cel"]["expression"]
+            assert first == amd.dra_kind_selector(False), sub["name"]
+        else:  # NVIDIA's class admits whole GPUs only: nothing added
+            assert not any('"type"' in s["cel"]["expression"] for s in sub.get("selectors", []))
+
+
+def test_partitions_of_one_claim_are_one_kind() -> None:
+    constraints = claim_template(plan_claim(index(), partitions=True), name="m", count=8)["spec"][
+        "spec"
+    ]["devices"]["constraints"]
+    amd_attributes = {
+        c["matchAttribute"] for c in constraints if "gpu.amd.com" in c["matchAttribute"]
+    }
+    assert amd_attributes == {"gpu.amd.com/productName", "gpu.amd.com/type"}
+    default = claim_template(plan_claim(index()), name="m", count=8)
+    assert "gpu.amd.com/type" not in json.dumps(default)
+
+
+def test_rocm_7_releases_have_drivers() -> None:
+    """ROCm 7.1 and 7.2 run on drivers 30.20 (amdgpu 6.16.6) and 30.30 (6.16.13)."""
+    rocm72 = VariantIndex.from_json(
+        {
+            "variants": {"rocm72": {"amd": {"gfx_arch": ["gfx942"], "rocm_version": ["7.2"]}}},
+            "images": {"rocm72": {"tag": "1-rocm72", "digest": ""}},
+        },
+        "rocm72",
+    )
+    plan = plan_claim(rocm72)
+    assert not plan.left_out, plan.left_out
+    (sub,) = plan.subrequests
+    assert sub.name == "rocm72"
+    for driver, fits in [
+        ("6.14.14", False),  # 30.10: ROCm 7.0 at most
+        ("6.16.6", True),
+        ("6.16.13", True),
+        ("6.19.14", True),  # newer than the table: runs what 30.30 runs
+    ]:
+        device = amd_gpu(0x74A1, "AMD_Instinct_MI300X_OAM", driver)
+        assert all(matches(e, device) for e in sub.selectors) is fits, driver
+    assert amd.rocm_releases((6, 16, 13))[:2] == ["7.2", "7.1"]
+
+
+def test_the_in_tree_driver_publishes_no_driver_version() -> None:
+    """A rocm_version selector fits no device there (false, not an error); a variant naming
+    only gfx targets still fits."""
+    device = amd_gpu(0x740F, "AMD_Instinct_MI210", "6.12.12")
+    in_tree = Device(
+        device.name,
+        device.driver,
+        {k: v for k, v in device.attributes.items() if k != "driverVersion"},
+    )
+    gfx_only = VariantIndex.from_json(
+        {
+            "variants": {
+                "rocm64": {"amd": {"gfx_arch": ["gfx90a"], "rocm_version": ["6.4"]}},
+                "hip": {"amd": {"gfx_arch": ["gfx90a"]}},
+            },
+            "images": {label: {"tag": f"1-{label}", "digest": ""} for label in ("rocm64", "hip")},
+        },
+        "in-tree",
+    )
+    subs = subrequests(claim_template(plan_claim(gfx_only), name="t", count=1))
+    assert [s["name"] for s in subs] == ["rocm64", "hip"]
+    assert first_available_of_class(subs, device) == "rocm64"
+    assert first_available_of_class(subs, in_tree) == "hip"
+    rocm = next(e for e in selectors_of(plan_claim(gfx_only)) if "driverVersion" in e)
+    assert matches(rocm, in_tree) is False
+    assert isinstance(device.attributes["driverVersion"], Semver)

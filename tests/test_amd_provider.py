@@ -94,8 +94,19 @@ def test_driver_versions_between_and_beyond_the_table(tmp_path: Path) -> None:
     version = root / "sys/module/amdgpu/version"
     version.write_text("6.11.3\n")  # between 6.10.5 (ROCm 6.3) and 6.12.12: the older row
     assert detect(HostRoot(root), {}).host["rocm_version"] == ["7.0", "6.4", "6.3", "6.2", "6.1"]
-    version.write_text("6.99.0\n")  # newer than the newest known: runs what 30.10 runs
+    version.write_text("6.14.14\n")  # driver 30.10 (ROCm 7.0)
     assert detect(HostRoot(root), {}).host["rocm_version"] == ["7.0", "6.4", "6.3", "6.2"]
+    for module in ("6.16.6", "6.16.13"):  # drivers 30.20 (ROCm 7.1) and 30.30 (ROCm 7.2)
+        version.write_text(module + "\n")
+        assert detect(HostRoot(root), {}).host["rocm_version"] == [
+            "7.2",
+            "7.1",
+            "7.0",
+            "6.4",
+            "6.3",
+        ]
+    version.write_text("6.99.0\n")  # newer than the newest known: runs what 30.30 runs
+    assert detect(HostRoot(root), {}).host["rocm_version"] == ["7.2", "7.1", "7.0", "6.4", "6.3"]
     version.unlink()  # the in-tree driver: no version, no release known
     assert detect(HostRoot(root), {}).host == {"gfx_arch": ["gfx1100", "gfx90a"]}
     version.write_text("9" * 5000 + "\n")

@@ -1,7 +1,7 @@
 """`docker-variant k8s claim`: the DRA ResourceClaimTemplate (docs/reference/kubernetes.md).
 
-Every template is checked by the Kubernetes 1.35 schema (strict: unknown fields are errors)
-and every CEL selector is compiled by cel-python and evaluated, with Kubernetes' semver
+Every template is checked by the schema of every Kubernetes release the claim supports,
+1.34 to 1.37 (strict: unknown fields are errors), and every CEL selector is compiled by cel-python and evaluated, with Kubernetes' semver
 semantics (tests/k8s_cel_env.py), against devices as the NVIDIA DRA driver publishes them.
 """
 
@@ -17,6 +17,7 @@ import celpy
 import kubernetes_validate
 import pytest
 import yaml
+from kubernetes_validate.utils import all_versions, major_minor
 
 from docker_variant.cli import main
 from docker_variant.cli.k8s import claim_name_hint
@@ -26,9 +27,11 @@ from docker_variant.k8s import claim as claim_module
 from docker_variant.k8s.cel import feature_selector
 from docker_variant.k8s.claim import (
     claim_template,
+    cli_selectors,
     dns_label,
     dns_subdomain,
     plan_claim,
+    selectors_of,
 )
 from docker_variant.k8s.yamltext import dump_yaml
 from docker_variant.providers.nvidia import nvidia_features
@@ -47,8 +50,10 @@ from k8s_cel_env import (
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 PYTORCH = EXAMPLES / "pytorch-2.12.0.json"
-K8S_VERSION = "1.35"
+# resource.k8s.io/v1 is served from 1.34; kubernetes-validate 1.37.0 has schemas to 1.37.
+K8S_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS_SUBDOMAIN = rf"{DNS_LABEL}(\.{DNS_LABEL})*"
 
 
 def make_index(variants: dict[str, Any], bare: bool = False) -> dict[str, Any]:
@@ -106,11 +111,26 @@ def expressions(document: dict[str, Any]) -> list[str]:
 
 
 def validate(document: dict[str, Any]) -> None:
-    kubernetes_validate.validate(document, K8S_VERSION, strict=True)
+    """The schema of each release, and the apiserver's own rules the schema leaves out
+    (pkg/apis/resource/validation): names, uniqueness, qualified attribute names, the
+    fields a template's spec.metadata may set."""
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(document, version, strict=True)
+    names = [sub["name"] for sub in subrequests(document)]
+    assert len(set(names)) == len(names), names
     for sub in subrequests(document):
         assert re.fullmatch(DNS_LABEL, sub["name"]), sub["name"]
         assert len(sub["name"]) <= 63
+        assert re.fullmatch(DNS_SUBDOMAIN, sub["deviceClassName"]), sub["deviceClassName"]
+        assert len(sub.get("selectors", [])) <= 32
     assert len(subrequests(document)) <= 8
+    for constraint in document["spec"]["spec"]["devices"].get("constraints", []):
+        domain, _, name = constraint["matchAttribute"].partition("/")
+        assert re.fullmatch(DNS_SUBDOMAIN, domain) and re.fullmatch(r"[A-Za-z0-9_.-]+", name)
+        for ref in constraint["requests"]:
+            request, _, sub = ref.partition("/")
+            assert request == "gpu" and (not sub or sub in names), ref
+    assert set(document["spec"].get("metadata", {})) <= {"annotations", "labels"}
     for expression in expressions(document):
         assert len(expression.encode()) <= 10 * 1024
         compile_selector(expression)  # parses
@@ -158,6 +178,40 @@ def test_pytorch_template_is_valid_kubernetes_and_ranks_like_select(
     ranked = [c.label for c in select(index, virtual_host(index)).ranked]
     assert ranked == ["cu130", "cu128", "cu126", "cu122", "v3", "null", None]
     assert names(pytorch)[:4] == ranked[:4]
+
+
+def test_every_claim_carries_its_variants_in_spec_metadata(pytorch: dict[str, Any]) -> None:
+    """The ResourceClaim controller copies only spec.metadata (labels, annotations) into a
+    claim: there the subrequest -> variant mapping sits beside the allocation result."""
+    claim_meta = pytorch["spec"]["metadata"]
+    assert set(claim_meta) == {"annotations"}
+    annotations = claim_meta["annotations"]
+    assert annotations == pytorch["metadata"]["annotations"]  # the template says it too
+    members = json.loads(annotations["variant.pep817.dev/subrequests"])
+    tags = json.loads(annotations["variant.pep817.dev/tags"])
+    assert tags == {
+        "cu130": ["2.12.0-cu130"],
+        "cu128": ["2.12.0-cu128"],
+        "cu126": ["2.12.0-cu126"],
+        "cu122": ["2.12.0-cu122"],
+        "null": ["2.12.0-v3", "2.12.0-null", "2.12.0"],
+    }
+    assert {name: len(labels) for name, labels in members.items()} == {
+        name: len(t) for name, t in tags.items()
+    }
+    assert annotations["variant.pep817.dev/source"] == str(PYTORCH)
+    # what a pod reads: results[].request is "<request>/<subrequest>"
+    result = {"request": f"gpu/{names(pytorch)[1]}", "driver": "gpu.nvidia.com"}
+    subrequest = result["request"].split("/", 1)[1]
+    assert members[subrequest] == ["cu128"] and tags[subrequest] == ["2.12.0-cu128"]
+
+
+def test_selectors_of_is_every_expression_the_template_writes(pytorch: dict[str, Any]) -> None:
+    index = VariantIndex.from_json(json.loads(PYTORCH.read_text()), "pytorch")
+    plan = plan_claim(index)
+    assert list(selectors_of(plan)) == list(dict.fromkeys(expressions(pytorch)))
+    # NVIDIA's class admits only whole GPUs: --amd-partitions changes nothing here
+    assert cli_selectors(index) == selectors_of(plan)
 
 
 def test_virtual_host_lists_each_feature_newest_first() -> None:
@@ -234,18 +288,31 @@ def test_name_and_device_class_options(capsys: pytest.CaptureFixture[str], tmp_p
 
 def test_the_validator_bites(pytorch: dict[str, Any]) -> None:
     """The schema check above would catch a malformed template."""
-    broken = json.loads(json.dumps(pytorch))
-    subrequests(broken)[0]["selector"] = subrequests(broken)[0].pop("selectors")
-    with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
-    broken = json.loads(json.dumps(pytorch))
-    subrequests(broken)[0]["count"] = "1"
-    with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
-    broken = json.loads(json.dumps(pytorch))
-    del broken["spec"]["spec"]["devices"]["requests"][0]["name"]
-    with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+    for version in K8S_VERSIONS:
+        broken = json.loads(json.dumps(pytorch))
+        subrequests(broken)[0]["selector"] = subrequests(broken)[0].pop("selectors")
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, version, strict=True)
+        broken = json.loads(json.dumps(pytorch))
+        subrequests(broken)[0]["count"] = "1"
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, version, strict=True)
+        broken = json.loads(json.dumps(pytorch))
+        del broken["spec"]["spec"]["devices"]["requests"][0]["name"]
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, version, strict=True)
+        broken = json.loads(json.dumps(pytorch))
+        broken["spec"]["metadata"]["annotationz"] = {}
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, version, strict=True)
+
+
+def test_the_versions_checked_are_the_newest_kubernetes_validate_has() -> None:
+    """A kubernetes-validate that knows a newer release makes this fail: add it above."""
+    # each version's own schemas, never an older release's in its place
+    known = [major_minor(version) for version in all_versions()]
+    assert set(K8S_VERSIONS) <= set(known)
+    assert known[-1] == K8S_VERSIONS[-1], known[-1]
 
 
 # --------------------------------------------------------------------------- CEL on devices
@@ -559,8 +626,7 @@ def test_subrequest_names_are_unique_dns_labels() -> None:
     for name in found:
         assert re.fullmatch(DNS_LABEL, name) and len(name) <= 63
     assert dns_label("...", "variant") == "variant"
-    document = claim_template(plan, name="names", count=1)
-    kubernetes_validate.validate(document, K8S_VERSION, strict=True)
+    validate(claim_template(plan, name="names", count=1))
 
 
 def test_limits_fail_clearly(monkeypatch: pytest.MonkeyPatch) -> None:

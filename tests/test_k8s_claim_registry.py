@@ -40,10 +40,12 @@ def test_claim_for_a_reference(pushed: str) -> None:
     result = run_cli("k8s", "claim", pushed, "--count", "2")
     assert result.returncode == 0, result.stderr
     document: dict[str, Any] = yaml.safe_load(result.stdout)
-    kubernetes_validate.validate(document, "1.35", strict=True)
+    for version in ("1.34", "1.35", "1.36", "1.37"):
+        kubernetes_validate.validate(document, version, strict=True)
     assert document["metadata"]["name"] == "app-1.0.0"
     annotations = document["metadata"]["annotations"]
     assert annotations["variant.pep817.dev/source"] == pushed
+    assert document["spec"]["metadata"]["annotations"] == annotations  # copied into claims
     assert json.loads(annotations["variant.pep817.dev/subrequests"]) == {
         "cu128": ["cu128"],
         "cu126": ["cu126"],
@@ -63,7 +65,10 @@ def test_reference_and_index_give_the_same_claim(pushed: str, tmp_path: Path) ->
     path = tmp_path / "app.json"
     path.write_text(index.dumps())
     from_index = yaml.safe_load(run_cli("k8s", "claim", "--index", str(path)).stdout)
-    assert from_index["spec"] == from_ref["spec"]
+    assert from_index["spec"]["spec"] == from_ref["spec"]["spec"]
+    for document in (from_ref, from_index):  # the claim's copy names its own source
+        document["spec"]["metadata"]["annotations"].pop("variant.pep817.dev/source")
+    assert from_index["spec"]["metadata"] == from_ref["spec"]["metadata"]
     assert from_index["metadata"]["name"] == "app"
 
 

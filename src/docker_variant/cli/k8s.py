@@ -65,6 +65,13 @@ def k8s_claim(
             help="DeviceClass of the NVIDIA subrequests (AMD ones ask gpu.amd.com).",
         ),
     ] = K8S_DEFAULT_DEVICE_CLASS,
+    amd_partitions: Annotated[
+        bool,
+        typer.Option(
+            "--amd-partitions",
+            help="AMD subrequests take GPU partitions too (default: whole GPUs only).",
+        ),
+    ] = False,
 ) -> None:
     """Print a resource.k8s.io/v1 ResourceClaimTemplate asking for devices that fit a variant,
     best variant first (YAML; JSON with --json)."""
@@ -81,7 +88,7 @@ def k8s_claim(
         check_dns_subdomain(name, "--name")
     check_dns_subdomain(device_class, "--device-class")
     target = target_of(ref, index)
-    plan = plan_claim(target.index)
+    plan = plan_claim(target.index, partitions=amd_partitions)
     for warning in plan.warnings:
         warn(warning)
     if not plan.subrequests:

@@ -10,7 +10,10 @@ What becomes of a variant:
 
 - its accelerator properties become CEL selectors on its vendor's DRA driver attributes
   (``cel.feature_selector``): ``nvidia`` on ``gpu.nvidia.com``, ``amd`` on ``gpu.amd.com``;
-  each subrequest asks its vendor's device class;
+  each subrequest asks its vendor's device class. Where that class admits devices no
+  variant is built for (``gpu.amd.com``: VFIO passthrough devices and GPU partitions), every
+  subrequest of the vendor first selects the device kind: whole GPUs, and their partitions
+  with ``partitions=True`` (``vendors.base.DraMapping.kind_selector``);
 - ``x86_64`` and ``aarch64`` properties describe the node's CPU, not a device: they are left
   out of the selectors (``k8s node-labels`` publishes them for node affinity);
 - a variant with no accelerator property asks nothing of the device: it, the ``null``
@@ -23,7 +26,12 @@ What becomes of a variant:
   plugin's), or of two accelerator vendors at once, is left out, with a warning.
 
 With ``--count`` above 1, a ``matchAttribute`` constraint per vendor (on the subrequests of
-that vendor) keeps the claim's devices one product.
+that vendor) keeps the claim's devices one product (and, with partitions, one kind).
+
+Each claim made from the template carries the subrequest -> variant mapping (the
+annotations sit in the template's ``spec.metadata``, which the ResourceClaim controller
+copies into every claim), next to its ``status.allocation.devices.results[].request``
+(``gpu/<subrequest>``).
 
 DRA allows at most 8 subrequests: the lowest-ranked device subrequests are dropped (with a
 warning) so that the selector-free one, when there is one, stays last.
@@ -59,9 +67,11 @@ __all__ = [
     "Subrequest",
     "check_dns_subdomain",
     "claim_template",
+    "cli_selectors",
     "dns_label",
     "dns_subdomain",
     "plan_claim",
+    "selectors_of",
 ]
 
 API_VERSION = "resource.k8s.io/v1"
@@ -131,6 +141,7 @@ class Subrequest:
     members: tuple[str | None, ...]  # the variant labels it stands for; None is the bare image
     selectors: tuple[str, ...] = ()  # CEL expressions, all must hold; none: any device
     vendor: str = DEFAULT_VENDOR  # the namespace whose DRA driver's devices it asks for
+    tags: tuple[str, ...] = ()  # the image tag of each member, in the same order
 
 
 @dataclass(frozen=True)
@@ -139,6 +150,7 @@ class ClaimPlan:
     warnings: tuple[str, ...] = ()
     #: labels with no subrequest, each with the reason (left out, cut, fits no device)
     left_out: dict[str, str] = field(default_factory=dict)
+    partitions: bool = False  # devices may be GPU partitions (``--amd-partitions``)
 
 
 def _names(labels: Iterable[str | None]) -> str:
@@ -150,6 +162,7 @@ class _Entry:
     vendor: str
     selectors: tuple[str, ...]
     members: list[str | None]
+    tags: list[str]
 
 
 def _device_selectors(
@@ -189,8 +202,11 @@ def _device_selectors(
     return namespace, tuple(selectors)
 
 
-def plan_claim(index: VariantIndex, max_subrequests: int = MAX_SUBREQUESTS) -> ClaimPlan:
-    """The subrequests for ``index``, best first; see the module docstring for the rules."""
+def plan_claim(
+    index: VariantIndex, max_subrequests: int = MAX_SUBREQUESTS, *, partitions: bool = False
+) -> ClaimPlan:
+    """The subrequests for ``index``, best first; see the module docstring for the rules.
+    ``partitions``: AMD subrequests take GPU partitions as well as whole GPUs."""
     selection = select(index, virtual_host(index))
     assert not any(c.kind != "invalid" for c in selection.rejected), "virtual host rejects"
     warnings: list[str] = []
@@ -198,10 +214,12 @@ def plan_claim(index: VariantIndex, max_subrequests: int = MAX_SUBREQUESTS) -> C
     device: list[_Entry] = []
     by_selectors: dict[tuple[str, tuple[str, ...]], _Entry] = {}
     anywhere: list[str | None] = []  # run with any device: CPU-only variants, null, bare
+    anywhere_tags: list[str] = []
     for candidate in selection.ranked:
         variant = candidate.variant
         if candidate.kind == "bare" or variant is None or variant.is_null:
             anywhere.append(candidate.label)
+            anywhere_tags.append(candidate.tag)
             continue
         outcome = _device_selectors(variant, warnings)
         if isinstance(outcome, str):
@@ -210,10 +228,12 @@ def plan_claim(index: VariantIndex, max_subrequests: int = MAX_SUBREQUESTS) -> C
         vendor, selectors = outcome
         if vendor is None or not selectors:
             anywhere.append(variant.label)
+            anywhere_tags.append(candidate.tag)
         elif (vendor, selectors) in by_selectors:
             by_selectors[(vendor, selectors)].members.append(variant.label)
+            by_selectors[(vendor, selectors)].tags.append(candidate.tag)
         else:
-            entry = _Entry(vendor, selectors, [variant.label])
+            entry = _Entry(vendor, selectors, [variant.label], [candidate.tag])
             by_selectors[(vendor, selectors)] = entry
             device.append(entry)
     if left_out:
@@ -240,8 +260,9 @@ def plan_claim(index: VariantIndex, max_subrequests: int = MAX_SUBREQUESTS) -> C
         Subrequest(
             _unique(dns_label(str(e.members[0]), "variant"), taken),
             tuple(e.members),
-            e.selectors,
+            _kind_selectors(e.vendor, partitions) + e.selectors,
             e.vendor,
+            tuple(e.tags),
         )
         for e in device
     ]
@@ -254,11 +275,40 @@ def plan_claim(index: VariantIndex, max_subrequests: int = MAX_SUBREQUESTS) -> C
                 f"takes any {vendor} device"
             )
         subrequests.append(
-            Subrequest(_unique(_fallback_name(anywhere), taken), tuple(anywhere), (), vendor)
+            Subrequest(
+                _unique(_fallback_name(anywhere), taken),
+                tuple(anywhere),
+                _kind_selectors(vendor, partitions),
+                vendor,
+                tuple(anywhere_tags),
+            )
         )
     for sub in subrequests:
         _check_limits(sub)
-    return ClaimPlan(tuple(subrequests), tuple(warnings), left_out)
+    return ClaimPlan(tuple(subrequests), tuple(warnings), left_out, partitions)
+
+
+def _kind_selectors(vendor: str, partitions: bool) -> tuple[str, ...]:
+    """The vendor's device-kind selector, first (the cheapest test), where it has one."""
+    dra = vendors.for_namespace(vendor).dra
+    if dra is None or dra.kind_selector is None:
+        return ()
+    return (dra.kind_selector(partitions),)
+
+
+def selectors_of(plan: ClaimPlan) -> tuple[str, ...]:
+    """Every CEL expression ``claim_template(plan, ...)`` writes, each once, in order."""
+    return tuple(dict.fromkeys(e for sub in plan.subrequests for e in sub.selectors))
+
+
+def cli_selectors(index: VariantIndex) -> tuple[str, ...]:
+    """Every CEL expression ``k8s claim`` can write for ``index``: with and without
+    ``--amd-partitions`` (``--count``, ``--name`` and ``--device-class`` change none)."""
+    return tuple(
+        dict.fromkeys(
+            selectors_of(plan_claim(index)) + selectors_of(plan_claim(index, partitions=True))
+        )
+    )
 
 
 def _fallback_name(members: Sequence[str | None]) -> str:
@@ -325,20 +375,20 @@ def claim_template(
         by_vendor: dict[str, list[str]] = {}
         for sub in plan.subrequests:
             by_vendor.setdefault(sub.vendor, []).append(f"{REQUEST_NAME}/{sub.name}")
-        if len(by_vendor) == 1:
-            vendor = next(iter(by_vendor))
-            devices["constraints"] = [
-                {"requests": [REQUEST_NAME], "matchAttribute": _homogeneous(vendor)}
-            ]
-        else:
-            devices["constraints"] = [
-                {"requests": names, "matchAttribute": _homogeneous(vendor)}
-                for vendor, names in by_vendor.items()
-            ]
+        constraints: list[dict[str, Any]] = []
+        for vendor, names in by_vendor.items():
+            # one vendor: the whole request (shorter, and the same devices)
+            requests = [REQUEST_NAME] if len(by_vendor) == 1 else names
+            for attribute in _homogeneous(vendor, plan.partitions):
+                constraints.append({"requests": requests, "matchAttribute": attribute})
+        devices["constraints"] = constraints
     annotations = {
-        f"{ANNOTATION_PREFIX}/subrequests": json.dumps(
-            {sub.name: list(sub.members) for sub in plan.subrequests}, separators=(",", ":")
-        )
+        f"{ANNOTATION_PREFIX}/subrequests": _compact(
+            {sub.name: list(sub.members) for sub in plan.subrequests}
+        ),
+        f"{ANNOTATION_PREFIX}/tags": _compact(
+            {sub.name: list(sub.tags) for sub in plan.subrequests}
+        ),
     }
     if source:
         annotations[f"{ANNOTATION_PREFIX}/source"] = source
@@ -346,8 +396,14 @@ def claim_template(
         "apiVersion": API_VERSION,
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": name, "annotations": annotations},
-        "spec": {"spec": {"devices": devices}},
+        # The ResourceClaim controller copies spec.metadata (labels and annotations only)
+        # into each claim it creates: there the mapping sits beside the allocation result.
+        "spec": {"metadata": {"annotations": dict(annotations)}, "spec": {"devices": devices}},
     }
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _device_class(vendor: str, default_class: str) -> str:
@@ -358,7 +414,12 @@ def _device_class(vendor: str, default_class: str) -> str:
     return dra.device_class
 
 
-def _homogeneous(vendor: str) -> str:
+def _homogeneous(vendor: str, partitions: bool) -> list[str]:
+    """The attributes a claim's devices of ``vendor`` share: the product and, where
+    partitions may be taken, the kind (all whole GPUs, or all partitions)."""
     dra = vendors.for_namespace(vendor).dra
     assert dra is not None, "a subrequest's vendor has a DRA mapping"
-    return dra.homogeneous_attribute
+    attributes = [dra.homogeneous_attribute]
+    if partitions and dra.kind_attribute is not None:
+        attributes.append(dra.kind_attribute)
+    return attributes

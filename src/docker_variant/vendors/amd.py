@@ -13,12 +13,17 @@ host's GPUs, e.g. ``gfx942``) and ``rocm_version`` (``major.minor``, newest firs
   driver docs' compatibility matrix (ROCm/amdgpu-docs) adds 30.30.x. The driver release
   is read from the amdgpu module's version (``/sys/module/amdgpu/version``), which for the
   DKMS driver is the ``amdgpu-dkms`` package's version: 6.3.6 shipped with ROCm 6.0 (package
-  6.3.6.60000), 6.7.0 with 6.1, 6.8.5 with 6.2, 6.10.5 with 6.3, 6.12.12 with 6.4 and 6.14.14
-  is driver 30.10 (ROCm 7.0). A version between two rows counts as the older row, one above
-  the newest as the newest (it runs at least what that row runs); one below the oldest, or
-  none (the in-tree kernel driver has no version file), lists no release.
+  6.3.6.60000), 6.7.0 with 6.1, 6.8.5 with 6.2, 6.10.5 with 6.3, 6.12.12 with 6.4, 6.14.14
+  is driver 30.10 (ROCm 7.0, package 6.14.14.30100000), 6.16.6 driver 30.20 (ROCm 7.1,
+  package 6.16.6.30200000) and 6.16.13 driver 30.30 (ROCm 7.2, package 6.16.13.30300000).
+  Driver 30.20's row is the ROCm side's: the ROCm 7.2.x and 7.1.0 compatibility matrices
+  list 30.20.x among the drivers they run on; 7.0, 6.4 and 6.3 as for 30.30.x (AMD supports
+  driver and user space up to a year apart). A version between two rows counts as the older
+  row, one above the newest as the newest (it runs at least what that row runs); one below
+  the oldest, or none (the in-tree kernel driver has no version file), lists no release.
 - **Device IDs.** The AMD GPU DRA driver (``gpu.amd.com``) publishes ``deviceID`` (the PCI
-  device ID), ``productName`` and ``driverVersion`` but no gfx target: ``DEVICES`` maps PCI
+  device ID), ``productName`` and ``driverVersion`` (absent with the in-tree kernel driver:
+  a ``rocm_version`` selector then fits no device) but no gfx target: ``DEVICES`` maps PCI
   device IDs to targets. Source: ``pci.ids`` (Debian package ``pci.ids`` 2023-04-11,
   ``/usr/share/misc/pci.ids``) for the parts it has; parts newer than that file (MI300 and
   MI350 series, Navi 32, Navi 48, PRO W7900) from later PCI ID listings, marked
@@ -37,6 +42,10 @@ from docker_variant.vendors.base import DraMapping, NamespaceRules, ValueRule, c
 __all__ = [
     "DEVICES",
     "DRA_DOMAIN",
+    "DRA_KIND_ATTRIBUTE",
+    "DRA_TYPE_GPU",
+    "DRA_TYPE_PARTITION",
+    "DRA_TYPE_VFIO",
     "DRIVER_RELEASES",
     "FEATURES",
     "FIRST_ROCM",
@@ -50,6 +59,7 @@ __all__ = [
     "device_ids",
     "device_product",
     "device_runs",
+    "dra_kind_selector",
     "driver_release",
     "gfx_name",
     "gfx_of",
@@ -114,6 +124,7 @@ _BY_ID = {device.device_id: device for device in DEVICES}
 # Driver release -> the ROCm user-space releases it supports, newest first (AMD's matrix).
 ROCM_SUPPORT: dict[str, tuple[str, ...]] = {
     "30.30": ("7.2", "7.1", "7.0", "6.4", "6.3"),
+    "30.20": ("7.2", "7.1", "7.0", "6.4", "6.3"),
     "30.10": ("7.0", "6.4", "6.3", "6.2"),
     "6.4": ("7.0", "6.4", "6.3", "6.2", "6.1"),
     "6.3": ("7.0", "6.4", "6.3", "6.2", "6.1"),
@@ -134,6 +145,8 @@ DRIVER_RELEASES: tuple[tuple[Version, str], ...] = (
     ((6, 10, 5), "6.3"),
     ((6, 12, 12), "6.4"),
     ((6, 14, 14), "30.10"),
+    ((6, 16, 6), "30.20"),
+    ((6, 16, 13), "30.30"),
 )
 
 
@@ -264,6 +277,14 @@ def describe(lists: dict[str, list[str]]) -> str | None:
 DRA_DOMAIN = "gpu.amd.com"
 _ATTRIBUTES = f'device.attributes["{DRA_DOMAIN}"]'
 HOMOGENEOUS_ATTRIBUTE = f"{DRA_DOMAIN}/productName"
+# The driver's device types (its ``type`` attribute). Its ``gpu.amd.com`` class admits all
+# of them: a whole GPU, a partition of one (several share one GPU: eight CPX partitions
+# would meet ``--count 8`` on a single MI300X), and a VFIO passthrough device (a PF or an
+# SR-IOV VF such as the MI300X VF 0x74b5) that a container cannot run code on.
+DRA_TYPE_GPU = "amdgpu"
+DRA_TYPE_PARTITION = "amdgpu-partition"
+DRA_TYPE_VFIO = "vfio"
+DRA_KIND_ATTRIBUTE = f"{DRA_DOMAIN}/type"
 _GUARDS = {"gfx_arch": "deviceID", "rocm_version": "driverVersion"}
 
 
@@ -319,6 +340,14 @@ def _gfx_clause(value: str) -> str | None:
     return f"{_attribute('deviceID')} in [{listed}]"
 
 
+def dra_kind_selector(partitions: bool) -> str:
+    """Whole GPUs; with ``partitions``, their partitions too; never VFIO devices."""
+    kind = _attribute("type")
+    if partitions:
+        return f'has({kind}) && {kind} in ["{DRA_TYPE_GPU}", "{DRA_TYPE_PARTITION}"]'
+    return f'has({kind}) && {kind} == "{DRA_TYPE_GPU}"'
+
+
 def dra_clauses(feature: str, values: Sequence[str], limit: int) -> tuple[list[str], list[str]]:
     """``gfx_arch`` values as the PCI device IDs of their products; ``rocm_version`` values
     as the ranges of driver versions whose release runs them."""
@@ -334,6 +363,13 @@ RULES = NamespaceRules(
     multi_value=frozenset({"gfx_arch"}),
     values={"gfx_arch": _GFX_RULE, "rocm_version": _ROCM_RULE},
     order_key=_order_key,
-    dra=DraMapping(DRA_DOMAIN, HOMOGENEOUS_ATTRIBUTE, dra_guard, dra_clauses),
+    dra=DraMapping(
+        DRA_DOMAIN,
+        HOMOGENEOUS_ATTRIBUTE,
+        dra_guard,
+        dra_clauses,
+        kind_selector=dra_kind_selector,
+        kind_attribute=DRA_KIND_ATTRIBUTE,
+    ),
     provider=("amd-variant-provider", None),  # wheelnext's (not on PyPI yet)
 )

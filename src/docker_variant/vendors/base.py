@@ -100,6 +100,13 @@ class DraMapping:
     homogeneous_attribute: str  # ``matchAttribute`` keeping a claim's devices alike
     guard: Callable[[str], str | None]
     clauses: Callable[[str, Sequence[str], int], tuple[list[str], list[str]]]
+    #: ``kind_selector(partitions)``: the selector every subrequest of the vendor carries,
+    #: where the device class admits devices no variant is built for (VFIO passthrough
+    #: devices, partitions unless asked for); ``None``: the class admits only such devices
+    kind_selector: Callable[[bool], str] | None = None
+    #: the attribute whose value tells the kinds apart, matched across a claim when
+    #: partitions are asked for (``gpu.amd.com/type``)
+    kind_attribute: str | None = None
 
 
 @dataclass(frozen=True)
