@@ -67,9 +67,13 @@ def test_manifests_validate(version: str) -> None:
         kubernetes_validate.validate(document, version, strict=True)
 
 
+CLUSTER_SCOPED = ("Namespace", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                  "ValidatingAdmissionPolicyBinding")  # fmt: skip
+
+
 def test_every_document_is_in_the_namespace() -> None:
     for document in MANIFESTS + SECRETS:
-        if document["kind"] != "Namespace":
+        if document["kind"] not in CLUSTER_SCOPED:
             assert document["metadata"]["namespace"] == "docker-variant", document["metadata"]
 
 

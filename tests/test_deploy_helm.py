@@ -56,12 +56,13 @@ VALUE_SETS = {
         "namespace.create=true", "serviceMonitor.enabled=true", "agent.runtimeClassName=nvidia",
         "image.pullPolicy=IfNotPresent", "image.prefix=registry.example.internal/dv/",
         "proxy.replicas=3", "scheduler.registries={a.example,b.example:5000}",
-        "agent.descriptors.warboy\\.toml=name = 'x'",
+        "agent.descriptors.warboy\\.toml=name = 'x'", "agent.nodeLabels.cpuFlags=true",
     ),
     "managed-redis": ("redis.enabled=false", "proxy.metrics.enabled=false"),
     "proxy-only": ("scheduler.enabled=false", "agent.enabled=false", "serviceMonitor.enabled=true"),
     "dashboard": ("grafana.dashboard.enabled=true", "grafana.dashboard.namespace=monitoring"),
     "no-containerd-hosts": ("agent.containerdHosts.enabled=false",),
+    "no-node-labels": ("agent.nodeLabels.enabled=false",),
 }  # fmt: skip
 
 
@@ -130,6 +131,7 @@ def test_values_reach_the_objects() -> None:
     assert {c["imagePullPolicy"] for c in agent["containers"]} == {"IfNotPresent"}
     descriptors = objects[("ConfigMap", "variant-agent-descriptors")]["data"]
     assert descriptors == {"warboy.toml": "name = 'x'"}
+    assert "--cpu-flags" in agent["containers"][0]["args"]
 
 
 def test_a_managed_redis_leaves_out_redis_and_its_policy() -> None:
@@ -156,3 +158,125 @@ def test_an_https_upstream_is_refused_by_name() -> None:
     result = subprocess.run(argv, capture_output=True, text=True)
     assert result.returncode != 0
     assert "proxy.upstream" in result.stderr and "http://HOST:PORT" in result.stderr
+
+
+# --------------------------------------------------------------------------- node labels
+POLICY = "variant-agent-own-node-labels"
+NODE_NAME_KEY = "authentication.kubernetes.io/node-name"  # k8s.io/apiserver serviceaccount
+
+
+def test_the_agent_labels_its_own_node_as_its_service_account() -> None:
+    objects = _by_key(_template())
+    pod = objects[("DaemonSet", "variant-agent")]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "variant-agent"
+    assert pod["automountServiceAccountToken"] is True
+    (agent,) = pod["containers"]
+    assert "--label-node" in agent["args"] and "--cpu-flags" not in agent["args"]
+    env = {e["name"]: e for e in agent["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    role = objects[("ClusterRole", "variant-agent-node-labels")]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    binding = objects[("ClusterRoleBinding", "variant-agent-node-labels")]
+    assert binding["roleRef"]["name"] == "variant-agent-node-labels"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "variant-agent", "namespace": "docker-variant"}
+    ]
+    policy = objects[("ValidatingAdmissionPolicy", POLICY)]["spec"]
+    (condition,) = policy["matchConditions"]
+    assert condition["expression"] == (
+        'request.userInfo.username == "system:serviceaccount:docker-variant:variant-agent"'
+    )
+    assert policy["failurePolicy"] == "Fail"
+    assert objects[("ValidatingAdmissionPolicyBinding", POLICY)]["spec"] == {
+        "policyName": POLICY, "validationActions": ["Deny"]}  # fmt: skip
+
+
+def test_without_node_labels_the_agent_has_no_kubernetes_identity() -> None:
+    objects = _by_key(_template(*VALUE_SETS["no-node-labels"]))
+    pod = objects[("DaemonSet", "variant-agent")]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    assert "--label-node" not in pod["containers"][0]["args"]
+    kinds = {kind for kind, _name in objects}
+    assert not kinds & {"ServiceAccount", "ClusterRole", "ValidatingAdmissionPolicy"}
+
+
+def _node(name: str, labels: dict[str, str], **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": labels, "annotations": {"a": "1"}},
+            "spec": {"podCIDR": "10.0.0.0/24", **spec}}  # fmt: skip
+
+
+def _admits(old: dict[str, Any], new: dict[str, Any], extra: dict[str, list[str]]) -> list[str]:
+    """The messages of the policy's validations that fail (CEL on cel-python: an emulation;
+    the real apiserver is the integration test's)."""
+    import celpy
+
+    policy = _by_key(_template())[("ValidatingAdmissionPolicy", POLICY)]["spec"]
+    user: dict[str, Any] = {"username": "system:serviceaccount:docker-variant:variant-agent"}
+    if extra:
+        user["extra"] = extra
+    activation = {
+        "object": celpy.json_to_cel(new),
+        "oldObject": celpy.json_to_cel(old),
+        "request": celpy.json_to_cel({"operation": "UPDATE", "userInfo": user}),
+    }
+    env = celpy.Environment()
+    (condition,) = policy["matchConditions"]
+    assert env.program(env.compile(condition["expression"])).evaluate(activation)
+    failed = []
+    for validation in policy["validations"]:
+        result = env.program(env.compile(validation["expression"])).evaluate(activation)
+        assert isinstance(result, celpy.celtypes.BoolType), (validation["expression"], result)
+        if not result:
+            failed.append(validation.get("message") or validation["messageExpression"])
+    return failed
+
+
+OLD_LABELS = {"kubernetes.io/hostname": "gpu-1", "variant.pep817.dev/x86_64.level": "3",
+              "variant.pep817.dev/nvidia.sm_arch.90_real": "true"}  # fmt: skip
+OWN = {NODE_NAME_KEY: ["gpu-1"]}
+
+
+@pytest.mark.parametrize(
+    ("labels", "spec", "annotations", "extra", "refused"),
+    [
+        # the agent's own patch: prefix labels added, changed, removed
+        ({"kubernetes.io/hostname": "gpu-1", "variant.pep817.dev/x86_64.level": "4",
+          "variant.pep817.dev/nvidia.sm_arch.9": "0"}, {}, None, OWN, None),
+        (dict(OLD_LABELS), {}, None, OWN, None),
+        # another node's
+        ({**OLD_LABELS, "variant.pep817.dev/x86_64.level": "4"}, {}, None,
+         {NODE_NAME_KEY: ["gpu-2"]}, "only the Node its pod runs on"),
+        # a token bound to no node (no extra)
+        ({**OLD_LABELS, "variant.pep817.dev/x86_64.level": "4"}, {}, None, {},
+         "only the Node its pod runs on"),
+        # other labels: changed, added, removed
+        ({**OLD_LABELS, "kubernetes.io/hostname": "x"}, {}, None, OWN, "prefix"),
+        ({**OLD_LABELS, "node-role.kubernetes.io/control-plane": ""}, {}, None, OWN, "prefix"),
+        ({k: v for k, v in OLD_LABELS.items() if k != "kubernetes.io/hostname"}, {}, None,
+         OWN, "prefix"),
+        # a label that only looks like the prefix
+        ({**OLD_LABELS, "variant.pep817.dev.evil/x": "1"}, {}, None, OWN, "prefix"),
+        # the spec and the annotations
+        (dict(OLD_LABELS), {"unschedulable": True}, None, OWN, "not its spec"),
+        (dict(OLD_LABELS), {"taints": [{"key": "k", "effect": "NoSchedule"}]}, None, OWN,
+         "not its spec"),
+        (dict(OLD_LABELS), {}, {"a": "2"}, OWN, "not its spec"),
+    ],
+)  # fmt: skip
+def test_the_policy_lets_the_agent_change_only_its_own_nodes_prefix_labels(
+    labels: dict[str, str],
+    spec: dict[str, Any],
+    annotations: dict[str, str] | None,
+    extra: dict[str, list[str]],
+    refused: str | None,
+) -> None:
+    old = _node("gpu-1", dict(OLD_LABELS))
+    new = _node("gpu-1", labels, **spec)
+    if annotations is not None:
+        new["metadata"]["annotations"] = annotations
+    failed = _admits(old, new, extra)
+    if refused is None:
+        assert failed == []
+    else:
+        assert failed and all(refused in message for message in failed[:1]), failed

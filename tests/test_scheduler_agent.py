@@ -829,3 +829,189 @@ def test_an_agent_with_no_devices_warns_once(
     with caplog.at_level(logging.WARNING, logger="docker_variant"):
         gpus.report()
     assert not [r for r in caplog.records if "no devices" in r.getMessage()]
+
+
+# --------------------------------------------------------------------------- node labels
+
+EXAMPLE_HOSTS = TESTS.parent / "examples" / "hosts"
+PREFIX = "variant.pep817.dev/"
+
+
+class FakeApiserver:
+    """Nodes behind an ``httpx.MockTransport``: GET and merge-PATCH (RFC 7386) of
+    ``/api/v1/nodes/NAME``, every request kept; ``refuse`` answers that status instead."""
+
+    def __init__(self, nodes: dict[str, dict[str, Any]]) -> None:
+        self.nodes = nodes
+        self.requests: list[httpx.Request] = []
+        self.refuse: int | None = None
+        self.transport = httpx.MockTransport(self.handle)
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        match = re.fullmatch(r"/api/v1/nodes/([^/]+)", request.url.path)
+        if self.refuse is not None or match is None or match[1] not in self.nodes:
+            code = self.refuse or 404
+            status = {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                      "message": f"refused ({code})", "reason": "Forbidden", "code": code}  # fmt: skip
+            return httpx.Response(code, json=status)
+        node = self.nodes[match[1]]
+        if request.method == "PATCH":
+            assert request.headers["content-type"] == "application/merge-patch+json"
+            _merge(node, json.loads(request.content))
+        return httpx.Response(200, json=node)
+
+    def patches(self) -> list[dict[str, Any]]:
+        return [json.loads(r.content) for r in self.requests if r.method == "PATCH"]
+
+
+def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+def _node(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": dict(labels), "resourceVersion": "1"},
+            "spec": {"taints": [{"key": "gpu", "effect": "NoSchedule"}]}}  # fmt: skip
+
+
+def _kubeconfig(tmp_path: Path) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": "https://127.0.0.1:6443"}}],
+        "users": [{"name": "agent", "user": {"token": "t0ken"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "agent"}}],
+    }))  # fmt: skip
+    return path
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _labelling_agent(
+    tmp_path: Path, apiserver: FakeApiserver, host: str, clock: Clock
+) -> tuple[Agent, Path]:
+    from docker_variant.k8s.apiserver import NodeLabeller, connect
+
+    providers = tmp_path / "node.json"
+    shutil.copy(EXAMPLE_HOSTS / f"{host}.json", providers)
+    settings = AgentSettings(None, "gpu-1", providers_file=providers, node_name="gpu-1")
+    client = connect(_kubeconfig(tmp_path), transport=apiserver.transport)
+    labeller = NodeLabeller(client, "gpu-1")
+    return Agent(settings, labeller=labeller, clock=clock), providers
+
+
+def test_label_patch_touches_only_the_prefix() -> None:
+    from docker_variant.k8s.apiserver import label_patch
+
+    current = {"kubernetes.io/hostname": "gpu-1", f"{PREFIX}x86_64.level": "3",
+               f"{PREFIX}nvidia.sm_arch.90_real": "true", f"{PREFIX}nvidia.sm_arch.9": "0"}  # fmt: skip
+    wanted = {f"{PREFIX}x86_64.level": "4", f"{PREFIX}nvidia.sm_arch.9": "0"}
+    assert label_patch(current, wanted) == {
+        f"{PREFIX}x86_64.level": "4",
+        f"{PREFIX}nvidia.sm_arch.90_real": None,
+    }
+    assert label_patch(wanted, wanted) == {}
+
+
+def test_the_agent_keeps_its_nodes_labels_current(tmp_path: Path) -> None:
+    """Added, changed, stale ones removed (the one-per-value labels of old), others kept;
+    a merge patch of metadata.labels alone, and only when something differs."""
+    old = {"kubernetes.io/hostname": "gpu-1", f"{PREFIX}nvidia.sm_arch.90_real": "true",
+           f"{PREFIX}x86_64.level": "3"}  # fmt: skip
+    apiserver = FakeApiserver({"gpu-1": _node("gpu-1", old), "gpu-2": _node("gpu-2", old)})
+    clock = Clock()
+    agent, providers = _labelling_agent(tmp_path, apiserver, "h200-r570", clock)
+    assert agent.beat() == {}  # labels only: no scheduler
+    (patch,) = apiserver.patches()
+    assert patch == {"metadata": {"labels": {
+        f"{PREFIX}nvidia.cuda_version_lower_bound": "1208",
+        f"{PREFIX}nvidia.cuda_version_upper_bound": "1208",
+        f"{PREFIX}nvidia.sm_arch.9": "0",
+        f"{PREFIX}x86_64.level": "4",
+        f"{PREFIX}nvidia.sm_arch.90_real": None,
+    }}}  # fmt: skip
+    node = apiserver.nodes["gpu-1"]
+    assert node["metadata"]["labels"]["kubernetes.io/hostname"] == "gpu-1"
+    assert node["spec"] == _node("gpu-1", {})["spec"]
+    assert apiserver.nodes["gpu-2"]["metadata"]["labels"] == old  # not its node
+    assert all(r.headers["authorization"] == "Bearer t0ken" for r in apiserver.requests)
+    patching = [r for r in apiserver.requests if r.method == "PATCH"]
+    assert [r.url.params.get("fieldManager") for r in patching] == ["variant-agent"]
+
+    # unchanged detection: the Node is not asked again until the resync is due
+    asked = len(apiserver.requests)
+    agent.beat()
+    assert len(apiserver.requests) == asked
+    clock.now += 301
+    agent.beat()
+    assert [r.method for r in apiserver.requests[asked:]] == ["GET"]
+
+    # a driver upgrade (CUDA 13.0) and a new GPU (B200): the labels follow at once
+    shutil.copy(EXAMPLE_HOSTS / "b200-r580.json", providers)
+    agent.beat()
+    labels = {k: v for k, v in node["metadata"]["labels"].items() if k.startswith(PREFIX)}
+    assert labels == {
+        f"{PREFIX}nvidia.cuda_version_lower_bound": "1300",
+        f"{PREFIX}nvidia.cuda_version_upper_bound": "1300",
+        f"{PREFIX}nvidia.sm_arch.10": "0",
+        f"{PREFIX}x86_64.level": "4",
+    }
+
+
+def test_a_refused_label_patch_is_logged_and_retried(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    apiserver = FakeApiserver({"gpu-1": _node("gpu-1", {})})
+    apiserver.refuse = 403
+    agent, _ = _labelling_agent(tmp_path, apiserver, "h200-r570", Clock())
+    with caplog.at_level(logging.WARNING, "docker_variant.agent"):
+        agent.beat()  # the beat goes on
+    assert "labelling node gpu-1 failed (node gpu-1: 403 refused (403))" in caplog.text
+    assert apiserver.nodes["gpu-1"]["metadata"]["labels"] == {}
+    apiserver.refuse = None
+    agent.beat()  # no resync wait after a failure
+    assert apiserver.nodes["gpu-1"]["metadata"]["labels"][f"{PREFIX}x86_64.level"] == "4"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["agent", "--providers-file", "ok.json"], {}, "give --scheduler URL, --label-node, or both"),
+        (["agent", "--label-node", "--providers-file", "ok.json"], {},
+         "--label-node: no node name (give --node-name, or set $NODE_NAME"),
+        (["agent", "--label-node", "--providers-file", "ok.json"], {"NODE_NAME": "Bad_Node"},
+         "--node-name 'Bad_Node': not a node name"),
+        (["agent", "--label-node", "--node-name", "gpu-1", "--kubeconfig", "/no/such/config",
+          "--providers-file", "ok.json"], {}, "--kubeconfig '/no/such/config': cannot load it"),
+    ],
+)  # fmt: skip
+def test_bad_label_node_input_exits_2_with_one_line(
+    argv: list[str],
+    env: dict[str, str],
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (tmp_path / "ok.json").write_text(json.dumps(X86_V3))
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    code, err = run_main(argv, capsys)
+    assert code == 2, err
+    assert err.count("\n") == 1 and message in err, err
+    assert "Traceback" not in err

@@ -1,6 +1,7 @@
 """The optional parts of the install and what each needs: the bare install is the CLI (and the
 Docker plugin); ``[proxy]`` brings what ``variant-proxy`` runs on, ``[scheduler]`` what
-``variant-scheduler serve`` runs on, ``[server]`` both.
+``variant-scheduler serve`` runs on, ``[kubernetes]`` the Kubernetes client the node agent
+labels its Node with, ``[server]`` all three.
 
 A server command started without its extra ends with one line naming the extra to install and
 exit code 2 (bad input: the install is incomplete), never an ``ImportError`` traceback. The
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["PROXY", "SCHEDULER", "Extra", "proxy_main"]
+__all__ = ["KUBERNETES", "PROXY", "SCHEDULER", "Extra", "proxy_main"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ PROXY = Extra("proxy", ("uvicorn", "starlette", "prometheus_client", "redis"))
 SCHEDULER = Extra(
     "scheduler", ("uvicorn", "starlette", "jinja2", "prometheus_client", "sqlalchemy", "psycopg")
 )
+KUBERNETES = Extra("kubernetes", ("lightkube",))
 
 
 def proxy_main(argv: Sequence[str] | None = None) -> int:

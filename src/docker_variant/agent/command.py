@@ -23,9 +23,13 @@ __all__ = ["add_agent_command", "run_agent_command"]
 def add_agent_command(commands: Any) -> None:
     """``variant-scheduler agent ...`` on the scheduler parser's subcommands."""
     agent: argparse.ArgumentParser = commands.add_parser(
-        "agent", help="run the node agent (heartbeats this node)"
+        "agent", help="run the node agent (heartbeats this node, labels its Kubernetes Node)"
     )
-    agent.add_argument("--scheduler", required=True, metavar="URL", help="http(s)://HOST:PORT")
+    agent.add_argument(
+        "--scheduler",
+        metavar="URL",
+        help="http(s)://HOST:PORT (without it, --label-node alone: no heartbeats)",
+    )
     # paths stay text here (pathlib is loaded when the agent runs)
     agent.add_argument("--token-file", metavar="FILE", help="the agent's bearer token (one line)")
     add_duration_argument(
@@ -67,6 +71,28 @@ def add_agent_command(commands: Any) -> None:
         metavar="NS",
         help="also run the third-party provider plugin for namespace NS",
     )
+    agent.add_argument(
+        "--label-node",
+        action="store_true",
+        help="keep this Kubernetes Node's variant.pep817.dev/ labels current on each "
+        "detection (needs the [kubernetes] extra)",
+    )
+    agent.add_argument(
+        "--node-name",
+        metavar="NAME",
+        help="the Node to label (default $NODE_NAME, the Downward API's spec.nodeName)",
+    )
+    agent.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="the apiserver and credentials (default: the pod's service account, else "
+        "$KUBECONFIG or ~/.kube/config)",
+    )
+    agent.add_argument(
+        "--cpu-flags",
+        action="store_true",
+        help="also label each CPU flag (x86_64 :: avx2 :: on: 10 to 50 labels)",
+    )
     add_log_level_argument(agent)
 
 
@@ -95,7 +121,10 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        scheduler = check_scheduler_url(args.scheduler)
+        if args.scheduler is None and not args.label_node:
+            raise InvalidInputError("give --scheduler URL, --label-node, or both")
+        scheduler = check_scheduler_url(args.scheduler) if args.scheduler is not None else None
+        node_name = _node_name(args) if args.label_node else None
         agent_id = check_agent_id(args.agent_id or socket.gethostname().split(".")[0])
         group = args.resource_group
         try:
@@ -116,6 +145,9 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
             tuple(args.enable_provider),
             host_root=host_root,
             descriptors=Path(args.descriptors) if args.descriptors is not None else None,
+            node_name=node_name,
+            kubeconfig=Path(args.kubeconfig) if args.kubeconfig is not None else None,
+            cpu_flags=args.cpu_flags,
         )
         configure_logging(args.log_level)
         agent = Agent(settings, stop=stop)
@@ -130,3 +162,31 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
         return agent.run()
     finally:
         agent.close()
+
+
+#: Where the Downward API puts the node's name (``fieldRef: spec.nodeName``).
+NODE_NAME_ENV = "NODE_NAME"
+
+
+def _node_name(args: Any) -> str:
+    """The Node ``--label-node`` labels: a DNS subdomain, checked now (exit 2)."""
+    import os
+    import re
+
+    from docker_variant.extras import KUBERNETES
+
+    KUBERNETES.require("variant-scheduler agent --label-node")
+    name = args.node_name or os.environ.get(NODE_NAME_ENV, "")
+    if not name:
+        raise InvalidInputError(
+            f"--label-node: no node name (give --node-name, or set ${NODE_NAME_ENV} from the "
+            "Downward API's spec.nodeName)"
+        )
+    # a Node's name is a DNS subdomain (RFC 1123): at most 253 characters
+    label = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+    if len(name) > 253 or not re.fullmatch(rf"{label}(\.{label})*", name):
+        raise InvalidInputError(
+            f"--node-name {one_line(name, 80)!r}: not a node name (a DNS subdomain: lower-case "
+            "letters, digits, '-' and '.', at most 253 characters)"
+        )
+    return name

@@ -21,6 +21,13 @@ Each heartbeat is a whole report, ``PUT /v1/agents/{agent_id}``:
 - ``capacity``: only where a providers file states it (the scheduler's default is 1.0 share
   a device, what a whole GPU has).
 
+With ``settings.node_name`` (``--label-node``) each detection also keeps that Kubernetes
+Node's ``variant.pep817.dev/`` labels what ``k8s.labels.node_labels`` says of the host
+lists (``k8s.apiserver.NodeLabeller``: a merge patch of those labels only): when they change,
+and every ``LABEL_RESYNC_S`` in case someone changed them. A failed patch is one logged line
+and a retry on the next detection; it never stops the heartbeats. Without ``--scheduler``
+the agent only labels.
+
 The PUT is an upsert and carries everything, so re-registering after a scheduler restart, a
 lost database or an admin's ``DELETE /v1/agents/{id}`` is simply the next heartbeat. Beats come
 every ``interval`` seconds +-10 % (so a fleet started together does not beat in step); a failed
@@ -41,8 +48,9 @@ import contextlib
 import logging
 import random
 import threading
-from collections.abc import Mapping
-from typing import Any
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -65,6 +73,9 @@ from docker_variant.retry import Backoff
 from docker_variant.variant.model import SupportedLists
 from docker_variant.variant.platform import host_platform, platform_of_lists
 
+if TYPE_CHECKING:
+    from docker_variant.k8s.apiserver import NodeLabeller
+
 __all__ = [
     "MAX_ANSWER_BYTES",
     "MAX_BACKOFF_S",
@@ -80,6 +91,7 @@ FIRST_RETRY_S = 1.0
 MAX_BACKOFF_S = 30.0
 REQUEST_TIMEOUT_S = 10.0
 MAX_ANSWER_BYTES = 1 << 20  # the scheduler's view of one agent is a few KiB
+LABEL_RESYNC_S = 300.0  # node labels unchanged by detection are checked this often
 _BEAT_JITTER = 0.1
 _RETRY_JITTER = 0.2
 _OUTAGE_STATUSES = frozenset({502, 503, 504})  # a proxy in front of a scheduler that is away
@@ -175,6 +187,8 @@ class Agent:
         nvml: Any = None,
         stop: threading.Event | None = None,
         rng: random.Random | None = None,
+        labeller: NodeLabeller | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.client = client or sync_client(timeout=REQUEST_TIMEOUT_S)
@@ -189,10 +203,54 @@ class Agent:
         self.beats = 0  # heartbeats the scheduler took
         self.reported = 0  # devices in the last report
         self._said_no_devices = False  # warned once that none are reported
+        if labeller is None and settings.node_name is not None:
+            from docker_variant.k8s.apiserver import NodeLabeller, connect
+
+            labeller = NodeLabeller(connect(settings.kubeconfig), settings.node_name)
+        self.labeller = labeller
+        self.clock = clock
+        self._labelled: dict[str, str] | None = None  # the labels the Node last had
+        self._label_check = 0.0  # when to check them again though detection is unchanged
+        self._label_failure: str | None = None  # logged once while it repeats
+        self._label_skipped: dict[str, str] = {}  # values no label says, to log changes only
 
     @property
     def url(self) -> str:
         return f"{self.settings.scheduler}/v1/agents/{self.settings.agent_id}"
+
+    def label_node(self, host: SupportedLists) -> bool:
+        """Keep the Node's labels those of ``host`` (with a labeller); whether they are."""
+        if self.labeller is None:
+            return True
+        from docker_variant.k8s.labels import node_labels
+
+        result = node_labels(host, cpu_flags=self.settings.cpu_flags)
+        if result.skipped != self._label_skipped:
+            for prop, why in result.skipped.items():
+                _log.warning("no node label says %s (%s)", prop, why)
+            self._label_skipped = dict(result.skipped)
+        now = self.clock()
+        if result.labels == self._labelled and now < self._label_check:
+            return True
+        try:
+            patch = self.labeller.sync(result.labels)
+        except UnreachableError as exc:
+            why = one_line(str(exc))
+            level = logging.DEBUG if why == self._label_failure else logging.WARNING
+            _log.log(level, "labelling node %s failed (%s); retrying", self.labeller.node_name, why)
+            self._label_failure, self._labelled = why, None
+            return False
+        if patch or self._label_failure:
+            removed = sum(value is None for value in patch.values())
+            _log.info(
+                "node %s labelled: %d set, %d removed",
+                self.labeller.node_name,
+                len(patch) - removed,
+                removed,
+            )
+        self._labelled, self._label_check = result.labels, now + LABEL_RESYNC_S
+        self._label_failure = None
+        return True
 
     def report(self) -> dict[str, Any]:
         """This heartbeat's body."""
@@ -279,6 +337,10 @@ class Agent:
         what may pass (unreachable, any answer but a 2xx JSON object), ``ReportRefusedError``
         for 400/413."""
         body = self.report()
+        self.label_node(body["host"])
+        if self.settings.scheduler is None:  # labels only
+            self.beats += 1
+            return {}
         headers = {"Accept-Encoding": "identity"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -331,9 +393,9 @@ class Agent:
         failures = 0
         last_failure: str | None = None  # logged once while it repeats
         _log.info(
-            "agent %s reporting to %s every %g s",
+            "agent %s %s every %g s",
             settings.agent_id,
-            settings.scheduler,
+            f"reporting to {settings.scheduler}" if settings.scheduler else "detecting",
             settings.interval,
         )
         while not self.stop.is_set():
@@ -362,7 +424,7 @@ class Agent:
                     delay,
                 )
             else:
-                if failures or self.beats == 1:
+                if settings.scheduler is not None and (failures or self.beats == 1):
                     _log.info(
                         "%s with %s as agent %s (%d devices, %d unhealthy)",
                         "registered"

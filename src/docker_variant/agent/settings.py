@@ -1,4 +1,5 @@
-"""What an agent is told to do: where to report, as whom, how often, from which lists."""
+"""What an agent is told to do: where to report, as whom, how often, from which lists, and
+whether it keeps its Kubernetes Node's labels."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ __all__ = ["AgentSettings"]
 
 @dataclass(frozen=True)
 class AgentSettings:
-    scheduler: str  # checked base URL
+    scheduler: str | None  # checked base URL; None: no heartbeats (node labels only)
     agent_id: str
     resource_group: str = "default"
     interval: float = DEFAULT_INTERVAL_S
@@ -22,3 +23,7 @@ class AgentSettings:
     # where file-based detection reads the host's files (None: $DOCKER_VARIANT_HOST_ROOT, /)
     host_root: Path | None = None
     descriptors: Path | None = None  # a directory of device descriptors, read after the system's
+    # --label-node: keep this Node's variant.pep817.dev/ labels (None: not asked)
+    node_name: str | None = None
+    kubeconfig: Path | None = None  # None: the pod's service account, else $KUBECONFIG
+    cpu_flags: bool = False  # label CPU flags too

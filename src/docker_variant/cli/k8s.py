@@ -118,17 +118,22 @@ def k8s_claim(
 @k8s_app.command("node-labels")
 def k8s_node_labels(
     ctx: typer.Context,
+    cpu_flags: Annotated[
+        bool,
+        typer.Option(
+            "--cpu-flags",
+            help="Also label each CPU flag (x86_64 :: avx2 :: on: 10 to 50 labels).",
+        ),
+    ] = False,
 ) -> None:
-    """Print this host's supported properties as node labels (key=value lines; --json)."""
+    """Print node labels saying this host's supported lists (key=value lines; --json)."""
     from docker_variant.k8s.labels import node_labels
 
     opts = options_of(ctx)
-    result = node_labels(opts.host().host)
-    if result.skipped:
-        warn(
-            f"no label name can carry {', '.join(result.skipped)} (at most 63 characters "
-            "of [A-Za-z0-9._-], a letter or digit at both ends)"
-        )
+    result = node_labels(opts.host().host, cpu_flags=cpu_flags)
+    for why in dict.fromkeys(result.skipped.values()):
+        left = [prop for prop, reason in result.skipped.items() if reason == why]
+        warn(f"no label says {', '.join(left)} ({why})")
     if opts.json:
         emit_json(result.labels)
     else:
