@@ -1,6 +1,7 @@
 """A command's registry reads are bounded (docs/security.md): a tag list of at most
 ``DOCKER_VARIANT_REGISTRY_MAX_PAGES`` pages, all reads within ``DOCKER_VARIANT_REGISTRY_TIMEOUT``
-seconds, a slow drip included; ``ls`` fails with one line (exit 3), completion offers nothing."""
+seconds, a slow drip included; ``ls`` fails with one line (exit 3), completion offers nothing.
+And a malformed index document exits 2 whether it comes from a file or from a registry."""
 
 from __future__ import annotations
 
@@ -141,3 +142,40 @@ def test_completion_still_completes_within_its_limits(
     _complete_env(monkeypatch, tmp_path, DOCKER_VARIANT_REGISTRY_MAX_PAGES="1")
     host = f"127.0.0.1:{fake_upstream.port}"
     assert complete_reference(f"{host}/app:1.") == [f"{host}/app:1.0.0", f"{host}/app:1.0.1"]
+
+
+MALFORMED = [
+    pytest.param(b'{"variants": {"null": {}}}', "has no entry in 'images'", id="no-image"),
+    pytest.param(b"<html>not json</html>", "JSON", id="not-json"),
+    pytest.param(
+        json.dumps(
+            {
+                "variants": {"cu128": {"nvidia": {"cuda_version_lower_bound": ["12.8"]}}},
+                "images": {"cu128": {"tag": "1.0.0-cu128", "digest": ""}},
+                "providers": {"nvidia": {"requires": ["nvidia-variant-provider"], "optional": 1}},
+            }
+        ).encode(),
+        "providers.nvidia.optional: 1 is not true or false",
+        id="provider-field",
+    ),
+]
+
+
+@pytest.mark.parametrize(("document", "reason"), MALFORMED)
+def test_a_malformed_document_exits_2_from_a_file_and_from_a_registry(
+    fake_upstream: FakeUpstream, tmp_path: Path, document: bytes, reason: str
+) -> None:
+    """docs/reference/cli.md: a bad index document is bad input (2), whoever serves it."""
+    fake_upstream.routes["/v2/app/_variants/1.0.0"] = Reply(
+        body=document, headers={"Content-Type": "application/json"}
+    )
+    from_registry = _ls(fake_upstream, tmp_path, {})
+    index = tmp_path / "index.json"
+    index.write_bytes(document)
+    from_file = run_cli(
+        "ls", "--providers-file", str(tmp_path / "h200.json"), "--index", str(index)
+    )
+    for done in (from_registry, from_file):
+        assert done.returncode == 2, done.stderr
+        assert reason in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr

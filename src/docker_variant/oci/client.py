@@ -29,6 +29,7 @@ from docker_variant.numtext import is_number
 from docker_variant.oci.auth import RegistryAuth, registry_ca_files
 from docker_variant.oci.errcode import ERROR_BODY_LIMIT, ErrorCode, read_error
 from docker_variant.oci.errors import (
+    BadDocumentError,
     BadUpstreamResponseError,
     NotFoundError,
     RateLimitedError,
@@ -331,11 +332,11 @@ class _RegistryReads:
             if exc.status not in _NO_EXTENSION or (yield from self._lists_variants()):
                 raise
             return None
-        data = _json_object(body, what, response)
         try:
-            return VariantIndex.from_json(data, what)
+            # not JSON, or not the document: exit 2, as the same bytes from --index
+            return VariantIndex.from_json(load_json(body, what), what)
         except InvalidInputError as exc:
-            raise _bad(str(exc), response) from exc
+            raise _bad(str(exc), response, BadDocumentError) from exc
 
     def _lists_variants(self) -> Read[bool]:
         """Whether ``GET /v2/_oci/ext/discover`` lists the ``_variants`` extension (False
