@@ -21,6 +21,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     truncate_to: int | None = None  # announce len(body), send this many bytes, hang up
     chunked: bool = False  # send the body with Transfer-Encoding: chunked, in pieces
+    drip_s: float = 0.0  # send the body a byte at a time, this many seconds apart
 
 
 @dataclass
@@ -46,6 +47,7 @@ class FakeUpstream:
     def __init__(self) -> None:
         self.routes: dict[str, Route] = {}
         self.requests: list[Seen] = []
+        self._stopping = threading.Event()  # ends a drip at stop()
         upstream = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -80,6 +82,12 @@ class FakeUpstream:
                         piece = reply.body[start : start + step]
                         self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
                     self.wfile.write(b"0\r\n\r\n")
+                elif self.command != "HEAD" and reply.drip_s:
+                    for byte in reply.body:
+                        if upstream._stopping.wait(reply.drip_s):
+                            break
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
                 elif self.command != "HEAD":
                     sent = (
                         reply.body if reply.truncate_to is None else reply.body[: reply.truncate_to]
@@ -128,6 +136,7 @@ class FakeUpstream:
         return self
 
     def stop(self) -> None:
+        self._stopping.set()
         self._server.shutdown()
         self._server.server_close()
 

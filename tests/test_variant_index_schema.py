@@ -145,3 +145,45 @@ def test_bad_providers_are_refused(providers: object, needle: str) -> None:
         VariantIndex.from_json(
             {"variants": VARIANTS, "images": IMAGES, "providers": providers}, "x"
         )
+
+
+@pytest.mark.parametrize(
+    ("entry", "needle"),
+    [
+        ({"requires": ["p"], "plugin-api": 12345}, "plugin-api: 12345 is not null or a 'module"),
+        ({"requires": ["p"], "plugin-api": "not a module"}, 'plugin-api: "not a module" is not'),
+        ({"requires": ["p"], "optional": "maybe"}, 'optional: "maybe" is not true or false'),
+        ({"requires": ["p"], "optional": 1}, "optional: 1 is not true or false"),
+        ({"requires": "nvidia-variant-provider"}, 'requires: "nvidia-variant-provider" is not a'),
+        ({"requires": []}, r"requires: \[\] is not a list of requirement strings"),
+        ({"requires": ["p\nq"]}, "requires: .* is not a list of requirement strings"),
+        ({"requires": [7]}, r"requires: \[7\] is not"),
+        ({"builtin": 3}, "builtin: 3 is not null or a string"),
+        ({"static-properties": []}, "static-properties: must be"),
+        ({"static-properties": {"arch": ["a"]}, "feature-order": {}}, "feature-order: must be"),
+        ({"static-properties": 0}, "static-properties: must be"),
+    ],
+)
+def test_every_provider_field_is_type_checked(entry: dict[str, object], needle: str) -> None:
+    """A wrong type in a v0.2.0 provider entry is refused naming the field and the rule,
+    never kept and written back out (variantlib would refuse the document)."""
+    providers = {"nvidia": entry}
+    with pytest.raises(InvalidInputError, match=f"x: providers.nvidia.{needle}"):
+        VariantIndex.from_json(
+            {"variants": VARIANTS, "images": IMAGES, "providers": providers}, "x"
+        )
+
+
+def test_provider_fields_as_variantlib_writes_them_are_kept() -> None:
+    entry = {"requires": ["nvidia-variant-provider >= 0.1"], "optional": True, "plugin-api": None}
+    document = {"variants": VARIANTS, "images": IMAGES, "providers": {"nvidia": entry}}
+    written = VariantIndex.from_json(document, "x").to_json()["providers"]["nvidia"]
+    assert written == entry
+    read = VariantsJson(
+        {
+            "default-priorities": {"namespace": ["nvidia"]},
+            "providers": {"nvidia": written},
+            "variants": {},
+        }
+    )
+    assert read.providers["nvidia"].optional

@@ -38,7 +38,8 @@ class DockerVariantError(Exception):
 
 
 class InvalidInputError(DockerVariantError):
-    """Bad input: an invalid label, property, reference, providers file or index document."""
+    """Bad input: an invalid label, property, reference, providers file or index document
+    (a malformed document is bad input whoever serves it: a file, a URL or a registry)."""
 
     exit_code = 2
 

@@ -7,14 +7,20 @@ candidate a line (``value<TAB>description`` with ``__complete``), then ``:DIRECT
 ``ShellCompDirective`` (4: no file completion; 0: the shell's default, files). Both ways go
 through click's completion of the same commands, so they list the same commands and options.
 
-Image references complete their tags from the registry (``reg/app:<TAB>``), within a short
-timeout; a registry that cannot be reached completes nothing, silently, as completion must.
+Image references complete their tags from the registry (``reg/app:<TAB>``), all of it within
+2 s (less when ``DOCKER_VARIANT_REGISTRY_TIMEOUT`` says less) and the page cap of a command's
+reads; a registry that cannot be reached, or is too slow or too long, completes nothing,
+silently, as completion must: the user's shell waits on it.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
 
 import click
 
@@ -28,6 +34,33 @@ _DEFAULT = 0  # cobra.ShellCompDirectiveDefault: the shell completes file names
 _PATHS = ("file", "dir")  # click's completion types that the shell completes itself
 _TAG_TIMEOUT_S = 2.0
 _MAX_TAGS = 500
+_ALARM_MARGIN_S = 0.5  # the client's own deadline ends it first, cleanly
+
+
+class _TimeUp(Exception):
+    """The completion's time is up (``_hard_deadline``)."""
+
+
+@contextmanager
+def _hard_deadline(seconds: float) -> Iterator[None]:
+    """Raise ``_TimeUp`` in this thread after ``seconds``: the client's deadline is checked
+    between reads and chunks, this also ends a slow name lookup, a slow credential helper or
+    a response head sent a byte at a time. Only in the main thread (signals go there), which
+    is where ``__complete`` runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: FrameType | None) -> None:
+        raise _TimeUp
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def complete_reference(incomplete: str) -> list[str]:
@@ -36,15 +69,21 @@ def complete_reference(incomplete: str) -> list[str]:
     repository, colon, prefix = incomplete.rpartition(":")
     if not colon or "/" not in repository or "/" in prefix:
         return []
-    from docker_variant.oci.client import SyncRegistryClient
+    from docker_variant.oci.client import SyncRegistryClient, read_limits
     from docker_variant.oci.grammar import tag_problem
     from docker_variant.oci.reference import parse_reference
 
     try:
         reference = parse_reference(repository)
-        with SyncRegistryClient.for_registry(reference.registry, timeout=_TAG_TIMEOUT_S) as client:
+        deadline = min(read_limits()[0], _TAG_TIMEOUT_S)
+        with (
+            _hard_deadline(deadline + _ALARM_MARGIN_S),
+            SyncRegistryClient.for_registry(
+                reference.registry, timeout=deadline, deadline=deadline
+            ) as client,
+        ):
             tags = client.list_tags(reference.repository)
-    except (DockerVariantError, OSError):
+    except (DockerVariantError, OSError, _TimeUp):
         return []
     # only tags of the grammar: Docker's bash script expands each candidate (``compgen -W``),
     # so a registry's ``$(...)`` would run in the user's shell

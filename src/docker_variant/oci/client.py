@@ -15,7 +15,7 @@ import hashlib
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Generator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
@@ -29,6 +29,7 @@ from docker_variant.numtext import is_number
 from docker_variant.oci.auth import RegistryAuth, registry_ca_files
 from docker_variant.oci.errcode import ERROR_BODY_LIMIT, ErrorCode, read_error
 from docker_variant.oci.errors import (
+    BadDocumentError,
     BadUpstreamResponseError,
     NotFoundError,
     RateLimitedError,
@@ -57,7 +58,11 @@ from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.platform import Platform, host_platform
 
 __all__ = [
+    "DEFAULT_MAX_PAGES",
     "DEFAULT_RATE_LIMIT_WAIT",
+    "DEFAULT_READ_DEADLINE",
+    "MAX_PAGES_ENV",
+    "READ_DEADLINE_ENV",
     "Manifest",
     "Platform",
     "Read",
@@ -65,6 +70,7 @@ __all__ = [
     "SyncRegistryClient",
     "config_labels",
     "host_platform",
+    "read_limits",
     "retry_after",
 ]
 
@@ -76,6 +82,15 @@ _DISCOVER_LIMIT = 64 << 10
 #: A client waits out 429s for at most this long in all, and retries at most this often.
 DEFAULT_RATE_LIMIT_WAIT = 30.0
 _RATE_LIMIT_RETRIES = 3
+#: A command's registry reads (``for_registry`` of the sync client: ls, resolve, pull, shell
+#: completion) end within this many seconds in all: httpx's time-outs are per socket read, so
+#: a registry sending a byte a second, or page after page, would hold a command for ever.
+READ_DEADLINE_ENV = "DOCKER_VARIANT_REGISTRY_TIMEOUT"
+DEFAULT_READ_DEADLINE = 60.0
+#: A tag list is read in at most this many pages (every client: a registry may link a next
+#: page for ever).
+MAX_PAGES_ENV = "DOCKER_VARIANT_REGISTRY_MAX_PAGES"
+DEFAULT_MAX_PAGES = 1000
 
 
 @dataclass(frozen=True)
@@ -159,11 +174,22 @@ class _RegistryReads:
         platform: Platform | None,
         rate_limit_wait: float,
         max_concurrency: int,
+        deadline: float | None,
+        max_pages: int,
     ) -> None:
         if max_concurrency < 1:
             raise InvalidInputError(f"max_concurrency must be at least 1, got {max_concurrency}")
+        if max_pages < 1:
+            raise InvalidInputError(f"max_pages must be at least 1, got {max_pages}")
+        if deadline is not None and not deadline > 0:
+            raise InvalidInputError(f"deadline must be above 0 seconds, got {deadline}")
         self.max_concurrency = max_concurrency
+        self.max_pages = max_pages
+        self.deadline = deadline
+        # the deadline covers every read of the client's life: one command's reads
+        self._deadline_at = None if deadline is None else time.monotonic() + deadline
         self.base_url = base_url.rstrip("/")
+        self.registry = httpx.URL(self.base_url).netloc.decode("ascii", "replace")
         self.platform = platform or host_platform()
         self.rate_limit_wait = rate_limit_wait
         self._wait_budget = rate_limit_wait
@@ -188,6 +214,43 @@ class _RegistryReads:
         self._wait_budget -= delay
         return delay
 
+    def _time_left(self, get: _Get) -> float | None:
+        """Seconds left before the deadline (``None``: no deadline); raises once it passed."""
+        if self._deadline_at is None:
+            return None
+        left = self._deadline_at - time.monotonic()
+        if left <= 0:
+            raise UpstreamUnavailableError(
+                f"{get.what}: registry {self.registry} not read within {_seconds(self.deadline or 0)}, "
+                f"the deadline of a command's registry reads ({READ_DEADLINE_ENV})",
+                url=get.url,
+            ) from TimeoutError()  # servers report it as a time-out (server.errors.timed_out)
+        return left
+
+    def _timeout_within(self, timeout: httpx.Timeout, get: _Get) -> dict[str, Any]:
+        """``stream``'s keyword for ``get``: each wait of httpx's ``timeout`` capped at the
+        time left (every socket read included), so one silent read cannot outlast it."""
+        left = self._time_left(get)
+        if left is None:
+            return {}
+
+        def cap(value: float | None) -> float:
+            return left if value is None else min(value, left)
+
+        return {
+            "timeout": httpx.Timeout(
+                connect=cap(timeout.connect),
+                read=cap(timeout.read),
+                write=cap(timeout.write),
+                pool=cap(timeout.pool),
+            )
+        }
+
+    def _check_time(self, get: _Get) -> Callable[[], object]:
+        """What a body's reader calls between chunks: a drip of a byte a second passes every
+        per-read time-out, not the deadline."""
+        return lambda: self._time_left(get)
+
     def read_tags(self, repository: str, page_size: int | None) -> Read[list[str]]:
         check_repository(repository)
         what = f"tag list of {repository}"
@@ -195,7 +258,7 @@ class _RegistryReads:
         params = {"n": str(page_size)} if page_size else None
         tags: dict[str, None] = {}  # ordered set: pages may overlap while tags are pushed
         seen: set[str] = set()
-        while True:
+        for _page in range(self.max_pages):
             response, body = yield _Get(url, what, _TAGS_LIMIT, params=params)
             page = _json_object(body, what, response).get("tags")
             if page is None:
@@ -212,6 +275,11 @@ class _RegistryReads:
             if url in seen:
                 raise _bad(f"{what}: next page {url} was already read (pagination loop)", response)
             seen.add(url)
+        raise _bad(
+            f"{what}: registry {self.registry} links more than {self.max_pages} pages of tags, "
+            f"the most read ({MAX_PAGES_ENV})",
+            response,
+        )
 
     def _get_manifest(
         self, repository: str, reference: str, platform: Platform | None
@@ -264,11 +332,11 @@ class _RegistryReads:
             if exc.status not in _NO_EXTENSION or (yield from self._lists_variants()):
                 raise
             return None
-        data = _json_object(body, what, response)
         try:
-            return VariantIndex.from_json(data, what)
+            # not JSON, or not the document: exit 2, as the same bytes from --index
+            return VariantIndex.from_json(load_json(body, what), what)
         except InvalidInputError as exc:
-            raise _bad(str(exc), response) from exc
+            raise _bad(str(exc), response, BadDocumentError) from exc
 
     def _lists_variants(self) -> Read[bool]:
         """Whether ``GET /v2/_oci/ext/discover`` lists the ``_variants`` extension (False
@@ -332,10 +400,12 @@ class RegistryClient(_RegistryReads):
         transport: httpx.AsyncBaseTransport | None = None,
         rate_limit_wait: float = DEFAULT_RATE_LIMIT_WAIT,
         tls: ssl.SSLContext | None = None,
+        deadline: float | None = None,
+        max_pages: int = DEFAULT_MAX_PAGES,
     ) -> None:
         import asyncio  # here: the sync client's commands load no asyncio
 
-        super().__init__(base_url, platform, rate_limit_wait, max_concurrency)
+        super().__init__(base_url, platform, rate_limit_wait, max_concurrency, deadline, max_pages)
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._http = async_client(
             base_url=self.base_url,
@@ -490,19 +560,24 @@ class RegistryClient(_RegistryReads):
                 delay = self._rate_limit_delay(exc, attempt)
                 import asyncio
 
-                await asyncio.sleep(delay)
+                left = self._time_left(get)  # the next attempt fails if the wait outlasts it
+                await asyncio.sleep(delay if left is None else min(delay, left))
         raise AssertionError("unreachable")  # the last attempt returns or raises
 
     async def _get_once(self, get: _Get) -> _Answer:
         async with self._semaphore:
             try:
+                timeout = self._timeout_within(self._http.timeout, get)
+                check = self._check_time(get)
                 async with self._http.stream(
-                    "GET", get.url, headers=get.headers, params=get.params
+                    "GET", get.url, headers=get.headers, params=get.params, **timeout
                 ) as r:
                     if not r.is_success:
-                        body = await _read(r, ERROR_BODY_LIMIT, get.what, truncate=True)
+                        body = await _read(
+                            r, ERROR_BODY_LIMIT, get.what, truncate=True, check=check
+                        )
                         raise _status_error(r, body, get.what)
-                    return r, await _read(r, get.limit, get.what)
+                    return r, await _read(r, get.limit, get.what, check=check)
             except RegistryError:
                 raise
             except httpx.HTTPError as exc:
@@ -528,8 +603,12 @@ class SyncRegistryClient(_RegistryReads):
         transport: httpx.BaseTransport | None = None,
         rate_limit_wait: float = DEFAULT_RATE_LIMIT_WAIT,
         tls: ssl.SSLContext | None = None,
+        deadline: float | None = None,
+        max_pages: int = DEFAULT_MAX_PAGES,
     ) -> None:
-        super().__init__(base_url, platform, rate_limit_wait, max_concurrency)
+        """``deadline``: seconds all of this client's reads must end within (``None``: no
+        deadline, each request within ``timeout``); ``for_registry`` sets a command's."""
+        super().__init__(base_url, platform, rate_limit_wait, max_concurrency, deadline, max_pages)
         self._http = sync_client(
             base_url=self.base_url,
             auth=auth,
@@ -545,8 +624,11 @@ class SyncRegistryClient(_RegistryReads):
         cls, registry: str, *, config_path: Path | None = None, **kwargs: Any
     ) -> SyncRegistryClient:
         """A client for ``registry`` (``host[:port]``) with Docker's stored credentials and
-        the CAs Docker keeps for it (``certs.d``)."""
-        return cls(**(_registry_settings(registry, config_path) | kwargs))
+        the CAs Docker keeps for it (``certs.d``), bounded as a command's reads are
+        (``read_limits``)."""
+        deadline, max_pages = read_limits()
+        limits = {"deadline": deadline, "max_pages": max_pages}
+        return cls(**(_registry_settings(registry, config_path) | limits | kwargs))
 
     def __enter__(self) -> SyncRegistryClient:
         return self
@@ -631,20 +713,49 @@ class SyncRegistryClient(_RegistryReads):
             try:
                 return self._get_once(get)
             except UpstreamUnavailableError as exc:
-                time.sleep(self._rate_limit_delay(exc, attempt))
+                delay = self._rate_limit_delay(exc, attempt)
+                left = self._time_left(get)  # the next attempt fails if the wait outlasts it
+                time.sleep(delay if left is None else min(delay, left))
         raise AssertionError("unreachable")  # the last attempt returns or raises
 
     def _get_once(self, get: _Get) -> _Answer:
         try:
-            with self._http.stream("GET", get.url, headers=get.headers, params=get.params) as r:
+            timeout = self._timeout_within(self._http.timeout, get)
+            check = self._check_time(get)
+            with self._http.stream(
+                "GET", get.url, headers=get.headers, params=get.params, **timeout
+            ) as r:
                 if not r.is_success:
-                    body = _read_sync(r, ERROR_BODY_LIMIT, get.what, truncate=True)
+                    body = _read_sync(r, ERROR_BODY_LIMIT, get.what, truncate=True, check=check)
                     raise _status_error(r, body, get.what)
-                return r, _read_sync(r, get.limit, get.what)
+                return r, _read_sync(r, get.limit, get.what, check=check)
         except RegistryError:
             raise
         except httpx.HTTPError as exc:
             raise _transport_error(exc, get.what, get.url) from exc
+
+
+def read_limits() -> tuple[float, int]:
+    """A command's bounds on its registry reads: ``(deadline in seconds, pages of a tag
+    list)``, from ``READ_DEADLINE_ENV`` and ``MAX_PAGES_ENV`` or their defaults."""
+    deadline = os.environ.get(READ_DEADLINE_ENV, "").strip()
+    pages = os.environ.get(MAX_PAGES_ENV, "").strip()
+    whole, dot, fraction = deadline.partition(".")
+    if deadline and not (
+        is_number(whole) and (not dot or is_number(fraction)) and float(deadline) > 0
+    ):
+        raise InvalidInputError(
+            f"{READ_DEADLINE_ENV}={one_line(deadline, 40)!r}: expected seconds above 0, "
+            "such as 60 or 2.5"
+        )
+    if pages and not (is_number(pages) and int(pages) >= 1):
+        raise InvalidInputError(
+            f"{MAX_PAGES_ENV}={one_line(pages, 40)!r}: expected a whole number of pages, 1 or more"
+        )
+    return (
+        float(deadline) if deadline else DEFAULT_READ_DEADLINE,
+        int(pages) if pages else DEFAULT_MAX_PAGES,
+    )
 
 
 def _registry_settings(registry: str, config_path: Path | None) -> dict[str, Any]:
@@ -702,17 +813,27 @@ class _BoundedBody:
     gigabyte); with ``truncate``, only its first ``limit`` bytes are kept (enough of an
     error body to find its code)."""
 
-    def __init__(self, response: httpx.Response, limit: int, what: str, truncate: bool) -> None:
+    def __init__(
+        self,
+        response: httpx.Response,
+        limit: int,
+        what: str,
+        truncate: bool,
+        check: Callable[[], object] | None = None,
+    ) -> None:
         declared = response.headers.get("content-length", "")
         too_long = declared.isdigit() and (not is_number(declared) or int(declared) > limit)
         if not truncate and too_long:
             raise _bad(f"{what}: {declared} bytes is more than the {limit} allowed", response)
         self._response, self._limit, self._what, self._truncate = response, limit, what, truncate
+        self._check = check
         self._chunks: list[bytes] = []
         self._size = 0
 
     def add(self, chunk: bytes) -> bool:
         """Take the next chunk; ``True`` when the body is complete (its head was kept)."""
+        if self._check is not None:
+            self._check()  # raises once the reads' deadline passed
         if self._size + len(chunk) > self._limit:
             if self._truncate:  # keep the head: a chunk may be larger than the whole limit
                 self._chunks.append(chunk[: self._limit - self._size])
@@ -727,19 +848,31 @@ class _BoundedBody:
 
 
 async def _read(
-    response: httpx.Response, limit: int, what: str, *, truncate: bool = False
+    response: httpx.Response,
+    limit: int,
+    what: str,
+    *,
+    truncate: bool = False,
+    check: Callable[[], object] | None = None,
 ) -> bytes:
     """A streamed body within ``limit`` (``_BoundedBody``), read on asyncio."""
-    body = _BoundedBody(response, limit, what, truncate)
+    body = _BoundedBody(response, limit, what, truncate, check)
     async for chunk in response.aiter_bytes():
         if body.add(chunk):
             break
     return body.value()
 
 
-def _read_sync(response: httpx.Response, limit: int, what: str, *, truncate: bool = False) -> bytes:
+def _read_sync(
+    response: httpx.Response,
+    limit: int,
+    what: str,
+    *,
+    truncate: bool = False,
+    check: Callable[[], object] | None = None,
+) -> bytes:
     """A streamed body within ``limit`` (``_BoundedBody``), read in this thread."""
-    body = _BoundedBody(response, limit, what, truncate)
+    body = _BoundedBody(response, limit, what, truncate, check)
     for chunk in response.iter_bytes():
         if body.add(chunk):
             break
@@ -765,9 +898,13 @@ def _status_error(response: httpx.Response, body: bytes, what: str) -> RegistryE
     return cls(text, status=status, code=code, headers=response.headers, url=str(response.url))
 
 
-def _bad(message: str, response: httpx.Response) -> BadUpstreamResponseError:
+def _bad(
+    message: str,
+    response: httpx.Response,
+    cls: type[BadUpstreamResponseError] = BadUpstreamResponseError,
+) -> BadUpstreamResponseError:
     url = str(response.url)
-    return BadUpstreamResponseError(
+    return cls(
         f"{message} (from {url})",
         status=response.status_code,
         headers=response.headers,

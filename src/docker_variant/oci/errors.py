@@ -1,6 +1,6 @@
 """Registry errors: each says what failed and where, on one line.
 
-All of them are ``UnreachableError`` (CLI exit code 3); the proxy reads ``status``,
+All of them are ``UnreachableError`` (CLI exit code 3, but for ``BadDocumentError``); the proxy reads ``status``,
 ``code`` and ``headers`` to answer its caller the way the upstream answered it.
 """
 
@@ -11,6 +11,7 @@ import httpx
 from docker_variant.errors import UnreachableError, one_line
 
 __all__ = [
+    "BadDocumentError",
     "BadUpstreamResponseError",
     "NotFoundError",
     "RateLimitedError",
@@ -62,3 +63,12 @@ class RateLimitedError(UpstreamUnavailableError):
 
 class BadUpstreamResponseError(RegistryError):
     """An answer that is not what the distribution API promises (bad JSON, wrong type)."""
+
+
+class BadDocumentError(BadUpstreamResponseError):
+    """A variant index document from a registry (a proxy's ``_variants`` answer) that is not
+    JSON or breaks the document's rules. The CLI exits 2 as for the same document given with
+    ``--index``: a malformed document is bad input whoever serves it, and retrying will not
+    mend it. Servers still answer it as any bad upstream answer (502)."""
+
+    exit_code = 2

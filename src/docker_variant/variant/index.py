@@ -11,6 +11,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from variantlib.constants import (
+    VALIDATION_PROVIDER_PLUGIN_API_REGEX,
+    VALIDATION_PROVIDER_REQUIRES_REGEX,
+)
+
 from docker_variant.errors import InvalidInputError, one_line
 from docker_variant.oci.grammar import digest_problem, tag_problem
 from docker_variant.variant.labels import LABEL_KEY, LABEL_PREFIX, read_labels
@@ -44,6 +49,14 @@ SCHEMA_URL_V020 = "https://variants-schema.wheelnext.dev/v0.2.0.json"
 _PROVIDER_KEYS = frozenset(
     {"static-properties", "feature-order", "requires", "optional", "plugin-api", "builtin"}
 )
+#: What a provider entry's plain keys must hold, as variantlib 0.2.x reads them (PEP 825
+#: v0.2.0): a wrong one is refused rather than kept and written back out.
+_PROVIDER_RULES = {
+    "requires": "a list of requirement strings (at least one; no tab or newline)",
+    "optional": "true or false",
+    "plugin-api": "null or a 'module.path[:attribute]' string",
+    "builtin": "null or a string",
+}
 
 
 @dataclass(frozen=True)
@@ -236,8 +249,11 @@ def _providers(raw: object, source: str) -> dict[str, ProviderInfo]:
             raise InvalidInputError(f"{where}: must be an object")
         if unknown := sorted(set(info) - _PROVIDER_KEYS):
             raise InvalidInputError(f"{where}: unknown key {unknown[0]!r}")
-        static = info.get("static-properties") or {}
-        order = info.get("feature-order") or []
+        # null is absent, as variantlib reads it; any other falsy value is the wrong type
+        static = info.get("static-properties")
+        static = {} if static is None else static
+        order = info.get("feature-order")
+        order = [] if order is None else order
         if not isinstance(static, dict):
             raise InvalidInputError(f"{where}.static-properties: must be {{feature: [values]}}")
         lists = parse_supported_lists({namespace: static}, f"{where}.static-properties")
@@ -246,10 +262,35 @@ def _providers(raw: object, source: str) -> dict[str, ProviderInfo]:
         for feature in order:
             check_feature(feature, f"{where}.feature-order")
         other = {k: v for k, v in info.items() if k not in ("static-properties", "feature-order")}
+        for key, value in other.items():
+            if not _provider_value_ok(key, value):
+                shown = one_line(json.dumps(value), 60)
+                raise InvalidInputError(f"{where}.{key}: {shown} is not {_PROVIDER_RULES[key]}")
         found[namespace] = ProviderInfo(
             {f: tuple(v) for f, v in lists[namespace].items()}, tuple(order), other
         )
     return found
+
+
+def _provider_value_ok(key: str, value: object) -> bool:
+    """Whether ``providers.<ns>.<key>`` holds what ``_PROVIDER_RULES`` says."""
+    if key == "requires":
+        return (
+            isinstance(value, list)
+            and bool(value)
+            and all(
+                isinstance(r, str) and VALIDATION_PROVIDER_REQUIRES_REGEX.fullmatch(r)
+                for r in value
+            )
+        )
+    if key == "optional":
+        return isinstance(value, bool)
+    if key == "plugin-api":
+        return value is None or (
+            isinstance(value, str)
+            and VALIDATION_PROVIDER_PLUGIN_API_REGEX.fullmatch(value) is not None
+        )
+    return value is None or isinstance(value, str)  # builtin
 
 
 def _object(data: Mapping[str, Any], key: str, source: str) -> dict[str, Any]:
