@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 import devstack
-from docker_variant.scheduler.tokens import load_tokens
+from docker_variant.scheduler.tokens import Principal, TokenTable, load_tokens
 from fakeupstream import FakeUpstream
 from test_scheduler_api import client_for, open_store
 from test_scheduler_support import H200_R570, INDEX, agent_body
@@ -168,6 +168,16 @@ def test_only_an_admin_drains_and_deregisters_an_agent(secured: httpx.Client) ->
         ("not toml [", "not valid TOML"),
         ("a = " + "[" * 100_000 + "]" * 100_000, "nested more than 32 levels"),
         ("a = 1" + "0" * 5_000, "a number of more than"),
+        (
+            "[[token]]\nrole = 'agent'\nagent_id = 'ci'\ntoken = 'a-long-enough-token-1'\n"
+            "[[token]]\nrole = 'client'\nname = 'ci'\ntoken = 'a-long-enough-token-2'\n",
+            "name 'ci' is both an agent's (token[1]) and a client's (token[2])",
+        ),
+        (
+            "[[token]]\nrole = 'client'\nname = 'ops'\ntoken = 'a-long-enough-token-1'\n"
+            "[[token]]\nrole = 'admin'\nname = 'ops'\ntoken = 'a-long-enough-token-2'\n",
+            "name 'ops' is both a client's (token[1]) and an admin's (token[2])",
+        ),
     ],
 )
 def test_a_bad_tokens_file_is_exit_2_naming_it(tmp_path: Path, text: str, expected: str) -> None:
@@ -176,6 +186,7 @@ def test_a_bad_tokens_file_is_exit_2_naming_it(tmp_path: Path, text: str, expect
     done = _serve(tmp_path, "--tokens", str(path))
     assert done.returncode == 2
     assert expected in done.stderr and done.stderr.count("\n") == 1
+    assert str(path) in done.stderr
 
 
 def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -322,3 +333,39 @@ def test_bad_tls_arguments_are_exit_2(tmp_path: Path, tokens_file: Path) -> None
     for args, expected in cases:
         done = _serve(tmp_path, "--tokens", str(tokens_file), *args)
         assert done.returncode == 2 and expected in done.stderr, done.stderr
+
+
+def test_several_tokens_of_one_client_are_one_owner(tmp_path: Path) -> None:
+    """A name clash is between roles; two tokens of one client (a rotation) are one owner."""
+    path = tmp_path / "tokens.toml"
+    path.write_text(
+        "[[token]]\nrole = 'client'\nname = 'ci'\ntoken = 'a-long-enough-token-1'\n"
+        "[[token]]\nrole = 'client'\nname = 'ci'\ntoken = 'a-long-enough-token-2'\n"
+    )
+    table = load_tokens(path)
+    assert table.find("a-long-enough-token-1") == table.find("a-long-enough-token-2")
+
+
+def test_an_agent_never_sees_a_clients_placements_even_of_its_own_name(tmp_path: Path) -> None:
+    """A table built without the load-time check: agent 'alice' and client 'alice'. The
+    agent owns nothing, so it lists, reads and deletes none of the client's placements."""
+    digest = hashlib.sha256
+    table = TokenTable(
+        [
+            (digest(TOKENS["agent0"].encode()).digest(), Principal("agent", "alice", "alice")),
+            (digest(TOKENS["alice"].encode()).digest(), Principal("client", "alice")),
+        ]
+    )
+    with open_store("sqlite", tmp_path) as store, client_for(store, tokens=table) as api:
+        beat = api.put("/v1/agents/alice", json=agent_body(H200_R570, 8), headers=bearer("agent0"))
+        assert beat.status_code == 200, beat.text
+        placed = _place(api, "alice")
+        assert placed.status_code == 201, placed.text
+        pid = placed.json()["id"]
+        view = api.get("/v1/agents/alice", headers=bearer("agent0")).json()
+        assert view["placements"] == []
+        assert api.get("/v1/agents/alice", headers=bearer("alice")).json()["placements"] == [pid]
+        for method, path in [("GET", "/v1/placements"), ("GET", f"/v1/placements/{pid}"),
+                             ("DELETE", f"/v1/placements/{pid}")]:  # fmt: skip
+            answer = api.request(method, path, headers=bearer("agent0"))
+            assert answer.status_code == 403, (method, path, answer.text)

@@ -201,9 +201,9 @@ def create_app(
     async def get_agent(request: Request) -> Response:
         who = caller(request)
         agent_id = check_agent_id(request.path_params["agent_id"])
-        # the placements on it: a client sees its own, an admin every one
-        owner = None if who.role == "admin" else who.name
-        view = await run_in_threadpool(store.get_agent, agent_id, owner)
+        # the placements on it: a client sees its own, an admin every one, an agent none
+        may_see = None if who.role == "admin" else who.may_own
+        view = await run_in_threadpool(store.get_agent, agent_id, may_see)
         if view is None:
             raise _NotFound(f"no agent {agent_id!r}")
         return JSONResponse(view)

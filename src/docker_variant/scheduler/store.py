@@ -187,17 +187,19 @@ class Store:
     def list_agents(self, resource_group: str | None = None) -> list[dict[str, Any]]:
         return self._views(resource_group, None, detail=False)
 
-    def get_agent(self, agent_id: str, owner: str | None = None) -> dict[str, Any] | None:
+    def get_agent(
+        self, agent_id: str, may_see: Callable[[str | None], bool] | None = None
+    ) -> dict[str, Any] | None:
         """The agent with its lists and the placements holding its devices: every one, or
-        only those ``owner`` made."""
+        only those whose owner ``may_see`` accepts."""
         views = self._views(None, agent_id, detail=True)
         if not views:
             return None
         view = views[0]
-        if owner is not None and view["placements"]:
+        if may_see is not None and view["placements"]:
             with self.rows.read("reading placements") as conn:
                 owners = rows.placement_owners(conn, view["placements"])
-            view["placements"] = [p for p in view["placements"] if owners.get(p) == owner]
+            view["placements"] = [p for p in view["placements"] if may_see(owners.get(p))]
         return view
 
     def pool_summary(self, resource_group: str | None = None) -> dict[str, Any]:
