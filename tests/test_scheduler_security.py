@@ -369,3 +369,52 @@ def test_an_agent_never_sees_a_clients_placements_even_of_its_own_name(tmp_path:
                              ("DELETE", f"/v1/placements/{pid}")]:  # fmt: skip
             answer = api.request(method, path, headers=bearer("agent0"))
             assert answer.status_code == 403, (method, path, answer.text)
+
+
+def test_a_client_at_its_quota_is_429_and_another_client_is_not(
+    tokens_file: Path, tmp_path: Path
+) -> None:
+    with (
+        open_store("sqlite", tmp_path, max_placements=2) as store,
+        client_for(store, tokens=load_tokens(tokens_file)) as api,
+    ):
+        api.put("/v1/agents/h200-0", json=agent_body(None), headers=bearer("agent0"))
+
+        def host_only(who: str) -> httpx.Response:
+            body = {"index": INDEX, "nodes": 1, "devices_per_node": 0}
+            return api.post("/v1/placements", json=body, headers=bearer(who))
+
+        first, _ = (host_only("alice") for _ in range(2))
+        assert first.status_code == 201, first.text
+        over = host_only("alice")
+        assert over.status_code == 429, over.text
+        [error] = over.json()["errors"]
+        assert error["code"] == "TOOMANYREQUESTS"
+        assert error["message"] == (
+            "client 'alice' keeps 2 placements, the most one client may keep "
+            "(--max-placements 2); delete one first"
+        )
+        assert host_only("bob").status_code == 201
+        gone = api.delete(f"/v1/placements/{first.json()['id']}", headers=bearer("alice"))
+        assert gone.status_code == 204
+        assert host_only("alice").status_code == 201
+        metrics = api.get("/metrics", headers=bearer("ops")).text
+        assert 'operation="place",outcome="denied"} 1.0' in metrics
+
+
+def test_the_quota_and_request_bound_are_serve_options(tmp_path: Path) -> None:
+    for args, expected in [
+        (["--max-placements", "-1"], "--max-placements: must be an integer >= 0, got '-1'"),
+        (["--max-placement-request", "64k"], "--max-placement-request: must be an integer"),
+    ]:
+        done = _serve(tmp_path, *args)
+        assert done.returncode == 2 and expected in done.stderr, done.stderr
+        assert done.stderr.count("\n") == 1
+    service = devstack.start_scheduler(tmp_path / "s", extra=["--max-placements", "1"])
+    try:
+        httpx.put(f"{service.url}/v1/agents/cpu", json=agent_body(None)).raise_for_status()
+        body = {"index": INDEX, "nodes": 1, "devices_per_node": 0}
+        codes = [httpx.post(f"{service.url}/v1/placements", json=body).status_code for _ in "ab"]
+        assert codes == [201, 429]
+    finally:
+        service.stop()
