@@ -10,14 +10,16 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import insert
+from sqlalchemy import create_engine, insert
 from sqlalchemy.exc import IntegrityError
 
 from conftest import RunningRegistry
 from docker_variant.oci.reference import Reference, parse_reference
 from docker_variant.scheduler import Store, rows
 from docker_variant.scheduler.database import open_engine
-from docker_variant.scheduler.models import allocations
+from docker_variant.scheduler.documents import parse_placement_request
+from docker_variant.scheduler.models import allocations, metadata, placements
+from docker_variant.scheduler.store import QuotaExceededError
 from docker_variant.variant import VariantIndex
 from imaging import ImageBuilder
 from test_scheduler_support import (
@@ -27,10 +29,12 @@ from test_scheduler_support import (
     INDEX,
     SchedulerServer,
     agent_body,
+    agent_report,
     free_port,
     gpu_lists,
     gpu_only_index,
     open_store,
+    postgres_cluster,
 )
 
 
@@ -643,3 +647,129 @@ def test_unknown_routes_and_methods_answer_in_the_api_error_body(
     assert wrong.status_code == 405
     assert wrong.json()["errors"][0]["code"] == "UNSUPPORTED"
     assert wrong.headers["allow"]  # the router's Allow header is kept
+
+
+# --------------------------------------------------------------------------- storage bounds
+
+
+def _bulky_index(variants: int) -> dict[str, Any]:
+    """A valid index of ``variants`` CPU builds (and null): about 150 bytes each stored."""
+    labels = [f"v{i}" for i in range(variants)]
+    return {
+        "variants": {label: {"x86_64": {"level": ["v1"]}} for label in labels} | {"null": {}},
+        "images": {
+            label: {"tag": f"2.0-{label}", "digest": "sha256:" + "a" * 64}
+            for label in [*labels, "null"]
+        },
+    }
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_a_clients_placements_stop_at_its_quota_and_a_delete_frees_one(
+    kind: str, tmp_path: Path
+) -> None:
+    """``devices_per_node: 0`` takes no device, so only the quota bounds how many one client
+    stores; another client is unaffected, and a deleted placement no longer counts."""
+    with open_store(kind, tmp_path, max_placements=3) as store:
+        store.report_agent(agent_report("cpu-0", agent_body(None)))
+        request = parse_placement_request({"index": INDEX, "nodes": 1, "devices_per_node": 0})
+        assert request.index is not None
+        index = request.index
+
+        def place(owner: str) -> dict[str, Any]:
+            made = store.place(index, request, lambda c: c.tag, owner)
+            assert isinstance(made, dict), made
+            return made
+
+        ids = [place("ci")["id"] for _ in range(3)]
+        quota = "client 'ci' keeps 3 placements, the most one client may keep"
+        with pytest.raises(QuotaExceededError, match=quota):
+            place("ci")
+        place("nightly")  # another client's count is its own
+        assert store.delete_placement(ids[0])
+        place("ci")
+        with pytest.raises(QuotaExceededError):
+            place("ci")
+        assert len(store.list_placements()) == 4
+
+
+def test_a_stored_request_over_the_bound_is_413_and_nothing_is_kept(
+    sqlite_store: Store,
+) -> None:
+    with client_for(sqlite_store) as api:
+        put_agent(api, "cpu-0", agent_body(None))
+        under = place(api, 1, 0, index=_bulky_index(300))  # ~45 KB: a large real index
+        assert under.status_code == 201, under.text
+        over = place(api, 1, 0, index=_bulky_index(600))
+        assert over.status_code == 413, over.text
+        assert over.json()["errors"][0]["code"] == "SIZE_INVALID"
+        message = error_message(over)
+        assert "the placement request is" in message and "over 65536 bytes" in message
+        assert "--max-placement-request" in message
+        assert [p["id"] for p in api.get("/v1/placements").json()["placements"]] == [
+            under.json()["id"]
+        ]
+
+
+def test_deleted_placements_give_their_space_back(tmp_path: Path) -> None:
+    """SQLite: incremental auto-vacuum; the file shrinks once the placements are deleted
+    (sizes read with the store closed: WAL checkpointed into the file)."""
+    path = tmp_path / "scheduler.db"
+    url = f"sqlite:///{path}"
+    request = parse_placement_request(
+        {"index": _bulky_index(400), "nodes": 1, "devices_per_node": 0}
+    )
+    assert request.index is not None
+    index = request.index
+    store = Store.open(url)
+    try:
+        store.report_agent(agent_report("cpu-0", agent_body(None)))
+        made = [store.place(index, request, lambda c: c.tag, f"c{i % 2}") for i in range(100)]
+    finally:
+        store.close()
+    full = path.stat().st_size
+    assert full > 100 * 50_000  # each keeps its request of ~60 KB
+    store = Store.open(url)
+    try:
+        for placement in made:
+            assert isinstance(placement, dict) and store.delete_placement(placement["id"])
+    finally:
+        store.close()
+    assert path.stat().st_size < full / 4, (full, path.stat().st_size)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_an_older_database_gains_owners_and_incremental_vacuum(kind: str, tmp_path: Path) -> None:
+    """A database made before: no ``owner`` column (SQLite: no auto-vacuum either). Opened,
+    its placements' owners are read from their documents and count against the quota;
+    SQLite's file is vacuumed once into incremental auto-vacuum."""
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'old.db'}"
+        old = create_engine(url)  # plain: no auto_vacuum, as before
+    else:
+        url = postgres_cluster().new_database()
+        old = open_engine(url)
+    metadata.create_all(old)
+    document = {"id": "a" * 32, "owner": "ci", "allocations": []}
+    with old.begin() as conn:
+        conn.exec_driver_sql("DROP INDEX ix_placements_owner")
+        conn.exec_driver_sql("ALTER TABLE placements DROP COLUMN owner")
+        conn.execute(
+            insert(placements).values(
+                id="a" * 32, created_at=0.0, document=json.dumps(document), state="active"
+            )
+        )
+    old.dispose()
+    store = Store.open(url, max_placements=1)
+    try:
+        if kind == "sqlite":
+            with store.engine.connect() as conn:
+                assert conn.exec_driver_sql("PRAGMA auto_vacuum").scalar() == 2  # incremental
+        store.report_agent(agent_report("cpu-0", agent_body(None)))
+        request = parse_placement_request({"index": INDEX, "nodes": 1, "devices_per_node": 0})
+        assert request.index is not None
+        with pytest.raises(QuotaExceededError, match="client 'ci' keeps 1 placements"):
+            store.place(request.index, request, lambda c: c.tag, "ci")
+        assert isinstance(store.place(request.index, request, lambda c: c.tag, "cd"), dict)
+    finally:
+        store.close()

@@ -99,9 +99,12 @@ def test_the_command_line_names_the_database_default_without_loading_it() -> Non
     import sys
 
     from docker_variant.scheduler import __main__ as command
+    from docker_variant.scheduler import store
     from docker_variant.scheduler.database import DEFAULT_DB_URL
 
     assert command.DEFAULT_DB_URL == DEFAULT_DB_URL
+    assert command.DEFAULT_MAX_PLACEMENTS == store.DEFAULT_MAX_PLACEMENTS
+    assert command.DEFAULT_MAX_REQUEST == store.DEFAULT_MAX_REQUEST
     probe = (
         "import sys; from docker_variant.scheduler.__main__ import main\n"
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"

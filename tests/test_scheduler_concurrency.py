@@ -236,3 +236,26 @@ def test_shares_are_never_over_committed(kind: str, tmp_path: Path) -> None:
         assert all(
             r < 0.3 for r in [capacity[d] - used.get(d, 0.0) for d in capacity if d not in wholes]
         )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_storm_of_one_clients_placements_stops_at_its_quota(kind: str, tmp_path: Path) -> None:
+    """Two servers on one database, 30 host-only placements (they take no device) at once:
+    exactly the quota is placed, every other one is 429, whichever server answered."""
+    with open_store(kind, tmp_path, max_placements=5) as first:
+        url = first.engine.url.render_as_string(hide_password=False)
+        second = Store.open(url, max_placements=5)
+        try:
+            with SchedulerServer(first) as one, SchedulerServer(second) as two:
+                urls = [one.url, two.url]
+                httpx.put(f"{urls[0]}/v1/agents/cpu", json=agent_body(None)).raise_for_status()
+                body = {"index": INDEX, "nodes": 1, "devices_per_node": 0}
+                answers = asyncio.run(
+                    storm([("POST", f"{urls[i % 2]}/v1/placements", body) for i in range(30)])
+                )
+                codes = Counter(a.status_code for a in answers)
+                assert codes == {201: 5, 429: 25}, [a.text for a in answers if a.status_code >= 500]
+                listed = httpx.get(f"{urls[1]}/v1/placements").json()["placements"]
+                assert len(listed) == 5
+        finally:
+            second.close()

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 import devstack
-from docker_variant.scheduler.tokens import load_tokens
+from docker_variant.scheduler.tokens import Principal, TokenTable, load_tokens
 from fakeupstream import FakeUpstream
 from test_scheduler_api import client_for, open_store
 from test_scheduler_support import H200_R570, INDEX, agent_body
@@ -168,6 +168,16 @@ def test_only_an_admin_drains_and_deregisters_an_agent(secured: httpx.Client) ->
         ("not toml [", "not valid TOML"),
         ("a = " + "[" * 100_000 + "]" * 100_000, "nested more than 32 levels"),
         ("a = 1" + "0" * 5_000, "a number of more than"),
+        (
+            "[[token]]\nrole = 'agent'\nagent_id = 'ci'\ntoken = 'a-long-enough-token-1'\n"
+            "[[token]]\nrole = 'client'\nname = 'ci'\ntoken = 'a-long-enough-token-2'\n",
+            "name 'ci' is both an agent's (token[1]) and a client's (token[2])",
+        ),
+        (
+            "[[token]]\nrole = 'client'\nname = 'ops'\ntoken = 'a-long-enough-token-1'\n"
+            "[[token]]\nrole = 'admin'\nname = 'ops'\ntoken = 'a-long-enough-token-2'\n",
+            "name 'ops' is both a client's (token[1]) and an admin's (token[2])",
+        ),
     ],
 )
 def test_a_bad_tokens_file_is_exit_2_naming_it(tmp_path: Path, text: str, expected: str) -> None:
@@ -176,6 +186,7 @@ def test_a_bad_tokens_file_is_exit_2_naming_it(tmp_path: Path, text: str, expect
     done = _serve(tmp_path, "--tokens", str(path))
     assert done.returncode == 2
     assert expected in done.stderr and done.stderr.count("\n") == 1
+    assert str(path) in done.stderr
 
 
 def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -322,3 +333,88 @@ def test_bad_tls_arguments_are_exit_2(tmp_path: Path, tokens_file: Path) -> None
     for args, expected in cases:
         done = _serve(tmp_path, "--tokens", str(tokens_file), *args)
         assert done.returncode == 2 and expected in done.stderr, done.stderr
+
+
+def test_several_tokens_of_one_client_are_one_owner(tmp_path: Path) -> None:
+    """A name clash is between roles; two tokens of one client (a rotation) are one owner."""
+    path = tmp_path / "tokens.toml"
+    path.write_text(
+        "[[token]]\nrole = 'client'\nname = 'ci'\ntoken = 'a-long-enough-token-1'\n"
+        "[[token]]\nrole = 'client'\nname = 'ci'\ntoken = 'a-long-enough-token-2'\n"
+    )
+    table = load_tokens(path)
+    assert table.find("a-long-enough-token-1") == table.find("a-long-enough-token-2")
+
+
+def test_an_agent_never_sees_a_clients_placements_even_of_its_own_name(tmp_path: Path) -> None:
+    """A table built without the load-time check: agent 'alice' and client 'alice'. The
+    agent owns nothing, so it lists, reads and deletes none of the client's placements."""
+    digest = hashlib.sha256
+    table = TokenTable(
+        [
+            (digest(TOKENS["agent0"].encode()).digest(), Principal("agent", "alice", "alice")),
+            (digest(TOKENS["alice"].encode()).digest(), Principal("client", "alice")),
+        ]
+    )
+    with open_store("sqlite", tmp_path) as store, client_for(store, tokens=table) as api:
+        beat = api.put("/v1/agents/alice", json=agent_body(H200_R570, 8), headers=bearer("agent0"))
+        assert beat.status_code == 200, beat.text
+        placed = _place(api, "alice")
+        assert placed.status_code == 201, placed.text
+        pid = placed.json()["id"]
+        view = api.get("/v1/agents/alice", headers=bearer("agent0")).json()
+        assert view["placements"] == []
+        assert api.get("/v1/agents/alice", headers=bearer("alice")).json()["placements"] == [pid]
+        for method, path in [("GET", "/v1/placements"), ("GET", f"/v1/placements/{pid}"),
+                             ("DELETE", f"/v1/placements/{pid}")]:  # fmt: skip
+            answer = api.request(method, path, headers=bearer("agent0"))
+            assert answer.status_code == 403, (method, path, answer.text)
+
+
+def test_a_client_at_its_quota_is_429_and_another_client_is_not(
+    tokens_file: Path, tmp_path: Path
+) -> None:
+    with (
+        open_store("sqlite", tmp_path, max_placements=2) as store,
+        client_for(store, tokens=load_tokens(tokens_file)) as api,
+    ):
+        api.put("/v1/agents/h200-0", json=agent_body(None), headers=bearer("agent0"))
+
+        def host_only(who: str) -> httpx.Response:
+            body = {"index": INDEX, "nodes": 1, "devices_per_node": 0}
+            return api.post("/v1/placements", json=body, headers=bearer(who))
+
+        first, _ = (host_only("alice") for _ in range(2))
+        assert first.status_code == 201, first.text
+        over = host_only("alice")
+        assert over.status_code == 429, over.text
+        [error] = over.json()["errors"]
+        assert error["code"] == "TOOMANYREQUESTS"
+        assert error["message"] == (
+            "client 'alice' keeps 2 placements, the most one client may keep "
+            "(--max-placements 2); delete one first"
+        )
+        assert host_only("bob").status_code == 201
+        gone = api.delete(f"/v1/placements/{first.json()['id']}", headers=bearer("alice"))
+        assert gone.status_code == 204
+        assert host_only("alice").status_code == 201
+        metrics = api.get("/metrics", headers=bearer("ops")).text
+        assert 'operation="place",outcome="denied"} 1.0' in metrics
+
+
+def test_the_quota_and_request_bound_are_serve_options(tmp_path: Path) -> None:
+    for args, expected in [
+        (["--max-placements", "-1"], "--max-placements: must be an integer >= 0, got '-1'"),
+        (["--max-placement-request", "64k"], "--max-placement-request: must be an integer"),
+    ]:
+        done = _serve(tmp_path, *args)
+        assert done.returncode == 2 and expected in done.stderr, done.stderr
+        assert done.stderr.count("\n") == 1
+    service = devstack.start_scheduler(tmp_path / "s", extra=["--max-placements", "1"])
+    try:
+        httpx.put(f"{service.url}/v1/agents/cpu", json=agent_body(None)).raise_for_status()
+        body = {"index": INDEX, "nodes": 1, "devices_per_node": 0}
+        codes = [httpx.post(f"{service.url}/v1/placements", json=body).status_code for _ in "ab"]
+        assert codes == [201, 429]
+    finally:
+        service.stop()

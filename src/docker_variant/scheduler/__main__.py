@@ -45,6 +45,12 @@ DEFAULT_DB_URL = "sqlite:///./variant-scheduler.db"
 TOKENS_ENV = "VARIANT_SCHEDULER_TOKENS"
 REGISTRIES_ENV = "VARIANT_SCHEDULER_REGISTRIES"
 SCHEDULER_ENV = "VARIANT_SCHEDULER_URL"
+MAX_PLACEMENTS_ENV = "VARIANT_SCHEDULER_MAX_PLACEMENTS"
+MAX_REQUEST_ENV = "VARIANT_SCHEDULER_MAX_PLACEMENT_REQUEST"
+#: ``scheduler.store.DEFAULT_MAX_PLACEMENTS`` and ``DEFAULT_MAX_REQUEST``, written out as
+#: DEFAULT_DB_URL is (tests/test_scheduler_cli.py checks they agree)
+DEFAULT_MAX_PLACEMENTS = 1_000
+DEFAULT_MAX_REQUEST = 65_536
 #: The largest what-if answer the command reads (the server refuses larger requests first).
 _WHAT_IF_ANSWER_LIMIT = 64 << 20
 
@@ -89,11 +95,34 @@ def _parser() -> argparse.ArgumentParser:
         help='a registry {"image": REF} may name (repeat; default $'
         f'{REGISTRIES_ENV}, comma-separated); without any, only {{"index": ...}} is taken',
     )
+    serve.add_argument(
+        "--max-placements",
+        type=_limit,
+        default=os.environ.get(MAX_PLACEMENTS_ENV, str(DEFAULT_MAX_PLACEMENTS)),
+        metavar="N",
+        help=f"placements one client may keep, active or degraded (default "
+        f"${MAX_PLACEMENTS_ENV}, else {DEFAULT_MAX_PLACEMENTS}; 0: no limit)",
+    )
+    serve.add_argument(
+        "--max-placement-request",
+        type=_limit,
+        default=os.environ.get(MAX_REQUEST_ENV, str(DEFAULT_MAX_REQUEST)),
+        metavar="BYTES",
+        help=f"bytes of the request kept with each placement, for replace (default "
+        f"${MAX_REQUEST_ENV}, else {DEFAULT_MAX_REQUEST}; 0: no limit)",
+    )
     add_tls_arguments(serve, client_ca=True)
     add_log_level_argument(serve)
     add_agent_command(commands)
     _add_what_if_command(commands)
     return parser
+
+
+def _limit(text: str) -> int:
+    """An argparse ``type``: a whole number >= 0 (0: no limit)."""
+    if not text.isascii() or not text.isdigit() or len(text) > 12:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return int(text)
 
 
 def _add_what_if_command(commands: Any) -> None:
@@ -217,7 +246,12 @@ def _serve(args: Any, error: Callable[[str], Any]) -> int:
                 f"--listen {args.listen}: without --tokens the scheduler serves loopback only "
                 "(anyone who can reach it may do anything); give --tokens FILE"
             )
-        store = Store.open(args.db, agent_ttl=args.agent_ttl)
+        store = Store.open(
+            args.db,
+            agent_ttl=args.agent_ttl,
+            max_placements=args.max_placements,
+            max_request=args.max_placement_request,
+        )
     except InvalidInputError as exc:
         error(str(exc))
     except (DatabaseUnavailableError, sa_exc.SQLAlchemyError) as exc:

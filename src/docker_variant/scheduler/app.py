@@ -15,7 +15,8 @@
 
 Errors are one line in ``{"errors": [{"code", "message", "detail"}]}``: 400 bad input, 401
 no or unknown token, 403 wrong role or another client's placement, 404 unknown id or image,
-413 body too large, 502/504 registry failures, 503 database unavailable.
+413 body (or the request kept with a placement) too large, 429 the client keeps as many
+placements as it may, 502/504 registry failures, 503 database unavailable.
 """
 
 from __future__ import annotations
@@ -50,7 +51,12 @@ from docker_variant.scheduler.documents import (
 )
 from docker_variant.scheduler.metrics import SchedulerMetrics
 from docker_variant.scheduler.placement import Refusal
-from docker_variant.scheduler.store import STATES, Store
+from docker_variant.scheduler.store import (
+    STATES,
+    QuotaExceededError,
+    RequestTooLargeError,
+    Store,
+)
 from docker_variant.scheduler.tokens import ANONYMOUS, Principal, TokenTable
 from docker_variant.scheduler.whatif import parse_what_if, what_if_in_groups
 from docker_variant.server.auth import bearer_token
@@ -103,8 +109,13 @@ def _guard(handler: Endpoint) -> Endpoint:
             )
         except _Forbidden as exc:
             return oci_error(403, ErrorCode.DENIED, str(exc))
-        except BodyTooLargeError as exc:
+        except (BodyTooLargeError, RequestTooLargeError) as exc:
             return oci_error(413, ErrorCode.SIZE_INVALID, str(exc))
+        except QuotaExceededError as exc:
+            # not 403 (that role may place) nor 409 (the pool could take it): the client
+            # must delete placements first; OCI registries answer their own limits so
+            detail = {"owner": exc.owner, "placements": exc.count, "limit": exc.limit}
+            return oci_error(429, ErrorCode.TOOMANYREQUESTS, str(exc), detail)
         except InvalidInputError as exc:
             return oci_error(400, ErrorCode.INVALID_INPUT, str(exc))
         except DatabaseUnavailableError as exc:
@@ -201,9 +212,9 @@ def create_app(
     async def get_agent(request: Request) -> Response:
         who = caller(request)
         agent_id = check_agent_id(request.path_params["agent_id"])
-        # the placements on it: a client sees its own, an admin every one
-        owner = None if who.role == "admin" else who.name
-        view = await run_in_threadpool(store.get_agent, agent_id, owner)
+        # the placements on it: a client sees its own, an admin every one, an agent none
+        may_see = None if who.role == "admin" else who.may_own
+        view = await run_in_threadpool(store.get_agent, agent_id, may_see)
         if view is None:
             raise _NotFound(f"no agent {agent_id!r}")
         return JSONResponse(view)

@@ -2,7 +2,8 @@
 
 SQLite (the default, a file) runs in WAL mode; a transaction that writes starts with
 ``BEGIN IMMEDIATE``, so writers queue on SQLite's lock (30 s busy timeout) instead of failing
-when they upgrade from reading. PostgreSQL goes through psycopg 3 (``postgresql://`` is taken
+when they upgrade from reading. Its files are made with ``auto_vacuum=INCREMENTAL``, so that
+the pages deleted rows leave free can be given back (``rows.Rows.reclaim``). PostgreSQL goes through psycopg 3 (``postgresql://`` is taken
 as ``postgresql+psycopg://``).
 """
 
@@ -108,6 +109,9 @@ def _sqlite_events(engine: Engine) -> None:
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (below)
         cursor = dbapi_connection.cursor()
+        # before WAL, which writes the header of a new file: set later, it stays NONE; on a
+        # file made without it, it takes effect at the next VACUUM (``Rows.open``)
+        cursor.execute("PRAGMA auto_vacuum=INCREMENTAL")
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints, never corrupt
         cursor.execute("PRAGMA foreign_keys=ON")

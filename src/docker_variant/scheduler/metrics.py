@@ -42,7 +42,7 @@ _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 
 
 _OUTCOMES = {201: "placed", 200: "answered", 409: "refused", 400: "invalid", 401: "denied",
-             403: "denied", 404: "not_found"}  # fmt: skip
+             403: "denied", 429: "denied", 404: "not_found"}  # fmt: skip
 
 
 def outcome_of(status: int) -> str:

@@ -13,7 +13,8 @@
   shares it takes (NULL: the whole device). Allocations do not reference ``devices``: a device
   that vanishes from a report while allocated keeps its allocation until the placement is
   deleted (or replaced). A placement's ``state`` is ``active`` or ``degraded`` (with the
-  reason and the time); ``request`` keeps what the client asked, for ``replace``.
+  reason and the time); ``request`` keeps what the client asked, for ``replace``; ``owner``
+  the client that made it (as its document says), indexed for the per-client quota.
 - ``device_usage``: one row per device in use, with the shares used and the device's capacity
   (both in millionths). This is what makes over-commitment impossible, whatever the
   concurrency: a whole device is taken by inserting its row (the primary key refuses a second
@@ -116,7 +117,9 @@ placements = Table(
     Column("degraded_reason", Text, nullable=True),
     Column("degraded_since", Float, nullable=True),  # epoch seconds
     Column("request", Text, nullable=True),  # the placement request, JSON
+    Column("owner", String(_ID), nullable=True),  # NULL only until an older database is opened
     Index("ix_placements_state", "state"),
+    Index("ix_placements_owner", "owner"),
 )
 
 allocations = Table(

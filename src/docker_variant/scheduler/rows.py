@@ -17,7 +17,9 @@ versions commit in order, and ``new - 1`` is the version just before the change.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -85,6 +87,12 @@ STATES = ("active", "degraded")  # a placement's
 #: (devices_per_node 0), so that the agents of every placement are in ``allocations``.
 HOST_ROW = ""
 _IN_BATCH = 500
+#: SQLite: the free pages deletes may leave before they are given back (4 KiB each).
+_RECLAIM_PAGES = 256
+#: PostgreSQL: the first key of the advisory locks that count a client's placements.
+_QUOTA_LOCK = 817_825
+
+_log = logging.getLogger("docker_variant.scheduler")
 
 Usage = dict[tuple[str, str], int]  # (device name, device id) -> in use (millionths, or WHOLE)
 Change = tuple[DeviceKey, int | None]  # a device freed or taken: whole (None) or shares
@@ -203,7 +211,49 @@ class Rows:
                 for table in (pool_version, allocation_version):
                     seed = _insert(conn, table).values(id=1, version=0)
                     conn.execute(seed.on_conflict_do_nothing())
+                _add_owners(conn)
+        if rows.single_writer:
+            rows._vacuum_once()
         return rows
+
+    def _vacuum_once(self) -> None:
+        """SQLite: a file made before incremental auto-vacuum (``database``) takes it at one
+        VACUUM, which rewrites the file without its free pages. Best effort: a file some
+        other process keeps busy stays as it is, and is served all the same."""
+        raw = self.engine.raw_connection()
+        try:
+            driver: Any = raw.driver_connection
+            if driver.execute("PRAGMA auto_vacuum").fetchone()[0] != 0:
+                return
+            _log.info("database %s: one VACUUM, to give deleted rows' space back", self.url)
+            driver.execute("VACUUM")
+        except self.engine.dialect.loaded_dbapi.Error as error:
+            _log.warning("database %s: VACUUM failed, space stays in use: %s", self.url, error)
+        finally:
+            raw.close()
+
+    def reclaim(self) -> None:
+        """SQLite: once deletes have left ``_RECLAIM_PAGES`` pages or more free, give them
+        back to the file system (the file shrinks at the next WAL checkpoint); fewer are
+        kept for the next inserts. PostgreSQL: nothing (its autovacuum reuses the space).
+        Best effort, after the delete committed: a failure is logged, and the next one
+        tries again."""
+        if not self.single_writer:
+            return
+        try:
+            raw = self.engine.raw_connection()
+        except sa_exc.DBAPIError as error:
+            _log.warning("database %s: free pages not given back: %s", self.url, error)
+            return
+        try:
+            driver: Any = raw.driver_connection
+            if driver.execute("PRAGMA freelist_count").fetchone()[0] >= _RECLAIM_PAGES:
+                # executescript steps the pragma to its end; one execute frees a single page
+                driver.executescript("PRAGMA incremental_vacuum;")
+        except self.engine.dialect.loaded_dbapi.Error as error:
+            _log.warning("database %s: free pages not given back: %s", self.url, error)
+        finally:
+            raw.close()
 
     def close(self) -> None:
         self.engine.dispose()
@@ -730,6 +780,11 @@ def _shown(text: str, state: str, reason: str | None, since: float | None) -> di
     return document
 
 
+def _owner_in(text: str, placement_id: str) -> str | None:
+    owner = load_json(text, f"stored placement {placement_id}").get("owner")
+    return owner if isinstance(owner, str) else None
+
+
 def placement_owners(conn: Connection, ids: Sequence[str]) -> dict[str, str | None]:
     """Who made each of the placements ``ids`` (the client named in its document)."""
     owners: dict[str, str | None] = {}
@@ -738,12 +793,48 @@ def placement_owners(conn: Connection, ids: Sequence[str]) -> dict[str, str | No
     for start in range(0, len(wanted), _IN_BATCH):
         batch = wanted[start : start + _IN_BATCH]
         for placement_id, text in conn.execute(query.where(placements.c.id.in_(batch))):
-            owner = load_json(text, f"stored placement {placement_id}").get("owner")
-            owners[placement_id] = owner if isinstance(owner, str) else None
+            owners[placement_id] = _owner_in(text, placement_id)
     return owners
 
 
-_INSERT_PLACEMENT = Prepared(insert(placements), "id", "created_at", "document", "state", "request")
+def _add_owners(conn: Connection) -> None:
+    """A database made before the quota: its placements gain the ``owner`` column, filled
+    from their documents, and its index (IF NOT EXISTS: replicas may start together)."""
+    if "owner" in {c["name"] for c in inspect(conn).get_columns("placements")}:
+        return
+    exists = " IF NOT EXISTS" if conn.dialect.name == "postgresql" else ""
+    conn.exec_driver_sql(f"ALTER TABLE placements ADD COLUMN{exists} owner VARCHAR(255)")
+    found = conn.execute(select(placements.c.id, placements.c.document)).all()
+    if found:
+        conn.execute(
+            placements.update()
+            .where(placements.c.id == bindparam("p"))
+            .values(owner=bindparam("o")),
+            [{"p": p, "o": _owner_in(text, p)} for p, text in found],
+        )
+    conn.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_placements_owner ON placements (owner)")
+
+
+_OWNED = Prepared(
+    select(func.count()).select_from(placements).where(placements.c.owner == bindparam("o"))
+)
+
+
+def owned(conn: Connection, owner: str) -> int:
+    """How many placements ``owner`` keeps (active or degraded), one index range. On
+    PostgreSQL an advisory lock on the owner is taken first, until the transaction ends, so
+    that servers sharing the database count one client's placements one after the other
+    (SQLite: ``BEGIN IMMEDIATE`` already excludes every other writer)."""
+    if conn.dialect.name == "postgresql":
+        key = int.from_bytes(hashlib.sha256(owner.encode()).digest()[:4], "big", signed=True)
+        driver_execute(conn, "SELECT pg_advisory_xact_lock(%s, %s)", (_QUOTA_LOCK, key)).close()
+    [(count,)] = _OWNED.rows(conn, {"o": owner})
+    return int(count)
+
+
+_INSERT_PLACEMENT = Prepared(
+    insert(placements), "id", "created_at", "document", "state", "request", "owner"
+)
 
 
 def insert_placement(
@@ -755,6 +846,7 @@ def insert_placement(
         "document": json.dumps(document),
         "state": "active",
         "request": request,
+        "owner": document.get("owner"),
     }
     _INSERT_PLACEMENT.rows(conn, row)
 

@@ -13,6 +13,11 @@ pause. On SQLite, whose write transaction excludes every other writer from its s
 plan is made inside that transaction, so there is nothing to re-check (the same keys and
 checks still refuse what they refuse).
 
+Bounds on what one client stores: at most ``max_placements`` placements (active or degraded;
+a host-only one, ``devices_per_node: 0``, takes no device but is kept all the same), counted
+in the transaction that would add one; and the request kept with each for ``replace`` at
+most ``max_request`` bytes. Deleting gives the space back (``Rows.reclaim``).
+
 Failures: a report that marks an allocated device unhealthy or leaves it out, and an agent
 whose heartbeat lapses past the TTL (noticed when placements are read), make the placements
 holding them ``degraded``, with the reason and the time; they stay so until ``replace``
@@ -31,6 +36,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine
 
+from docker_variant.errors import InvalidInputError
 from docker_variant.retry import Backoff, retry
 from docker_variant.scheduler import rows
 from docker_variant.scheduler.documents import (
@@ -54,9 +60,22 @@ from docker_variant.scheduler.views import agent_views, shares_out
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.selection import Candidate
 
-__all__ = ["DEFAULT_ATTEMPTS", "STATES", "Store"]
+__all__ = [
+    "DEFAULT_ATTEMPTS",
+    "DEFAULT_MAX_PLACEMENTS",
+    "DEFAULT_MAX_REQUEST",
+    "STATES",
+    "QuotaExceededError",
+    "RequestTooLargeError",
+    "Store",
+]
 
 DEFAULT_ATTEMPTS = 5
+#: Placements one client may keep (``--max-placements``; 0: no limit).
+DEFAULT_MAX_PLACEMENTS = 1_000
+#: Bytes of the request kept with a placement, as stored (``--max-placement-request``; 0: no
+#: limit): an index of some 400 variants. With the quota, 64 MiB a client at most.
+DEFAULT_MAX_REQUEST = 64 << 10
 #: Between two tries of a transaction that lost a race: let the winner finish.
 _RACE = Backoff(first=0.005)
 
@@ -65,6 +84,21 @@ _T = TypeVar("_T")
 
 def _ignore_stage(_stage: str, _seconds: float) -> None:
     pass
+
+
+class QuotaExceededError(Exception):
+    """The client keeps ``limit`` placements already (HTTP 429)."""
+
+    def __init__(self, owner: str, count: int, limit: int) -> None:
+        super().__init__(
+            f"client {owner!r} keeps {count} placements, the most one client may keep "
+            f"(--max-placements {limit}); delete one first"
+        )
+        self.owner, self.count, self.limit = owner, count, limit
+
+
+class RequestTooLargeError(InvalidInputError):
+    """The request to keep with a placement is over ``max_request`` bytes (HTTP 413)."""
 
 
 class _Lost(Exception):
@@ -85,6 +119,8 @@ class Store:
         agent_ttl: float = 0,
         attempts: int = DEFAULT_ATTEMPTS,
         clock: Callable[[], float] = time.time,
+        max_placements: int = DEFAULT_MAX_PLACEMENTS,
+        max_request: int = DEFAULT_MAX_REQUEST,
     ) -> None:
         self.rows = Rows(engine)
         self.engine = engine
@@ -92,6 +128,8 @@ class Store:
         self.agent_ttl = agent_ttl  # 0: agents never expire
         self.attempts = attempts
         self.clock = clock
+        self.max_placements = max_placements  # per client; 0: no limit
+        self.max_request = max_request  # bytes; 0: no limit
         self.cache = PoolCache(agent_ttl=agent_ttl, clock=clock)
         # Placements of one process plan one at a time: they would all pick the same best
         # devices and then lose the race to each other. Other processes (replicas sharing
@@ -187,17 +225,19 @@ class Store:
     def list_agents(self, resource_group: str | None = None) -> list[dict[str, Any]]:
         return self._views(resource_group, None, detail=False)
 
-    def get_agent(self, agent_id: str, owner: str | None = None) -> dict[str, Any] | None:
+    def get_agent(
+        self, agent_id: str, may_see: Callable[[str | None], bool] | None = None
+    ) -> dict[str, Any] | None:
         """The agent with its lists and the placements holding its devices: every one, or
-        only those ``owner`` made."""
+        only those whose owner ``may_see`` accepts."""
         views = self._views(None, agent_id, detail=True)
         if not views:
             return None
         view = views[0]
-        if owner is not None and view["placements"]:
+        if may_see is not None and view["placements"]:
             with self.rows.read("reading placements") as conn:
                 owners = rows.placement_owners(conn, view["placements"])
-            view["placements"] = [p for p in view["placements"] if owners.get(p) == owner]
+            view["placements"] = [p for p in view["placements"] if may_see(owners.get(p))]
         return view
 
     def pool_summary(self, resource_group: str | None = None) -> dict[str, Any]:
@@ -239,7 +279,16 @@ class Store:
         image_of: Callable[[Candidate], str],
         owner: str = "anonymous",
     ) -> dict[str, Any] | Refusal:
-        """Plan on the pool in memory and commit; on a conflict, plan again (all or nothing)."""
+        """Plan on the pool in memory and commit; on a conflict, plan again (all or nothing).
+        ``RequestTooLargeError`` when the request to keep is over ``max_request`` bytes,
+        ``QuotaExceededError`` when ``owner`` keeps ``max_placements`` already."""
+        size = len(request.stored_text)  # ASCII: json.dumps escapes the rest
+        if self.max_request and size > self.max_request:
+            raise RequestTooLargeError(
+                f"the placement request is {size} bytes as stored, over {self.max_request} "
+                "bytes, the most kept with a placement (--max-placement-request); send an "
+                'index of fewer variants, or {"image": REF}'
+            )
 
         def planned(conn: Connection) -> tuple[str | None, Plan] | Refusal:
             """The plan and its resource group (call with the pools' lock held)."""
@@ -285,6 +334,7 @@ class Store:
         try:
             with contextlib.ExitStack() as held:
                 with self.rows.write("recording a placement") as conn:
+                    self._check_quota(conn, owner)  # before planning: nothing to undo
                     held.enter_context(self.cache.lock)
                     outcome = planned(conn)
                     if isinstance(outcome, Refusal):
@@ -346,6 +396,7 @@ class Store:
         def change() -> None:
             with self.cache.committing(self.rows.write("recording a placement")) as commit:
                 conn = commit.conn
+                self._check_quota(conn, document["owner"])
                 rows.check_plan(conn, chosen)
                 rows.insert_placement(conn, document, asked, self.clock())
                 taken = rows.take(conn, document["id"], chosen)
@@ -353,6 +404,14 @@ class Store:
                 commit.then(lambda: self.cache.apply_allocations(version, taken=taken))
 
         return self._committed(change)
+
+    def _check_quota(self, conn: Connection, owner: str) -> None:
+        """``QuotaExceededError`` when ``owner`` keeps ``max_placements`` already; in the
+        transaction that would add one, so that concurrent placements cannot pass it."""
+        if self.max_placements:
+            count = rows.owned(conn, owner)
+            if count >= self.max_placements:
+                raise QuotaExceededError(owner, count, self.max_placements)
 
     # ------------------------------------------------------------------ reading placements
 
@@ -507,7 +566,10 @@ class Store:
         """Drain and deregister: delete every placement holding one of the agent's devices
         (freeing all their devices), then the agent and its devices. Returns the deleted
         placements' ids; ``None`` when there is no such agent."""
-        return self._retried(lambda: self._delete_agent(agent_id))
+        held = self._retried(lambda: self._delete_agent(agent_id))
+        if held:
+            self.rows.reclaim()
+        return held
 
     def _delete_agent(self, agent_id: str) -> list[str] | None:
         cache = self.cache
@@ -524,7 +586,10 @@ class Store:
 
     def delete_placement(self, placement_id: str) -> bool:
         """Free the placement's devices; False when there is no such placement."""
-        return self._retried(lambda: self._delete_placement(placement_id))
+        deleted = self._retried(lambda: self._delete_placement(placement_id))
+        if deleted:
+            self.rows.reclaim()
+        return deleted
 
     def _delete_placement(self, placement_id: str) -> bool:
         with self.cache.committing(self.rows.write(f"deleting placement {placement_id}")) as c:

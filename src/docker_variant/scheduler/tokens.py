@@ -21,6 +21,10 @@ Tokens are kept as SHA-256 digests and compared in constant time (``hmac.compare
 against every entry), and never logged. A literal token shorter than 16 characters is taken,
 with a warning at start-up: how strong a token must be is the operator's call, and the same
 token given by its ``sha256`` could not be measured at all.
+
+A name is one role's: an ``agent_id`` that is also a client's or an admin's name (or a client
+named as an admin) is refused when the file loads, since placements record their owner by
+name. Several tokens of one name and role (a rotation) are one owner.
 """
 
 from __future__ import annotations
@@ -55,7 +59,9 @@ class Principal:
         return self.role == "admin" or (self.role == "agent" and self.agent_id == agent_id)
 
     def may_own(self, owner: str | None) -> bool:
-        return self.role == "admin" or owner == self.name
+        """Whether the placement of ``owner`` is this caller's to see and delete: an agent
+        makes none, so it owns none, even of a client that shares its name."""
+        return self.role == "admin" or (self.role != "agent" and owner == self.name)
 
 
 #: The caller when no ``--tokens`` are configured (loopback only): may do anything.
@@ -92,12 +98,24 @@ def load_tokens(path: Path) -> TokenTable:
     digests = [d for d, _ in entries]
     if len(set(digests)) != len(digests):
         raise InvalidInputError(f"{where}: the same token appears twice")
+    first: dict[str, tuple[int, Role]] = {}  # name -> (its first entry, role)
+    for i, (_, principal) in enumerate(entries, start=1):
+        seen, role = first.setdefault(principal.name, (i, principal.role))
+        if role != principal.role:
+            raise InvalidInputError(
+                f"{where}: name {principal.name!r} is both {_whose(role)} (token[{seen}]) and "
+                f"{_whose(principal.role)} (token[{i}]); give each role its own names"
+            )
     short = [
         f"{where}: token[{i}] has fewer than {_MIN_TOKEN} characters, easy to guess"
         for i, item in enumerate(raw, start=1)
         if isinstance(item.get("token"), str) and len(item["token"]) < _MIN_TOKEN
     ]
     return TokenTable(entries, short)
+
+
+def _whose(role: Role) -> str:
+    return f"{'an' if role[0] in 'aeiou' else 'a'} {role}'s"
 
 
 def _entry(item: object, where: str) -> tuple[bytes, Principal]:
