@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -120,7 +121,7 @@ class ControlPlane:
         """An HTTP client for the apiserver as the admin."""
         return httpx.Client(
             base_url=self.server,
-            verify=str(self.ca),
+            verify=ssl.create_default_context(cafile=str(self.ca)),
             headers={"Authorization": f"Bearer {self.token}"},
             timeout=30,
         )
@@ -309,7 +310,9 @@ def up(root: Path, timeout: float = 120) -> ControlPlane:
         )
         started.append(("kube-apiserver", api))
         with httpx.Client(
-            base_url=server, verify=str(ca), headers={"Authorization": f"Bearer {token}"}
+            base_url=server,
+            verify=ssl.create_default_context(cafile=str(ca)),
+            headers={"Authorization": f"Bearer {token}"},
         ) as client:
             _await(
                 root,

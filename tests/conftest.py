@@ -145,8 +145,10 @@ def kube_api(kube: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
     slice and node the test made is deleted, so the next test meets an empty cluster."""
     import kubeplane
 
-    namespace = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:50]
-    namespace = namespace.strip("-")
+    import hashlib
+
+    slug = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:40].strip("-")
+    namespace = f"t-{slug}-{hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:8]}"
     with kube.client() as client:
         kubeplane.create(
             client, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
