@@ -1,0 +1,189 @@
+"""One caller, one tenant or one upstream answer cannot take the proxy from the others: slow
+uploads hold no connection that reads need, a tenant's huge image config is refused before
+it is parsed, and an upstream answer longer than its framing reaches no other caller."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import pytest
+
+import devstack
+from docker_variant.proxy.limits import ProxyLimits
+from fakeupstream import FakeUpstream, Reply
+from proxyrunner import ProxyServer, eventually
+
+pytestmark = pytest.mark.e2e
+
+# An answer of 5 bytes with a second answer behind it, in one write: the second must never be
+# taken for the answer to another caller's request.
+POISONED = (
+    b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+    b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nX-Poison: 1\r\n\r\nEVIL"
+)
+
+
+def _tags(fake: FakeUpstream, repository: str, tags: list[str]) -> None:
+    body = json.dumps({"name": repository, "tags": tags}).encode()
+    fake.routes[f"/v2/{repository}/tags/list"] = Reply(
+        body=body, headers={"Content-Type": "application/json"}
+    )
+
+
+def _config(labels: dict[str, str]) -> bytes:
+    return json.dumps(
+        {"architecture": "amd64", "os": "linux", "config": {"Labels": labels}}
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    "path", ["/v2/app/blobs/sha256:" + "a" * 64, "/v2/app/manifests/sha256:" + "b" * 64]
+)
+def test_an_over_long_upstream_answer_reaches_no_other_caller(
+    fake_upstream: FakeUpstream, path: str
+) -> None:
+    fake_upstream.routes[path] = Reply(raw=POISONED)
+    with ProxyServer(fake_upstream.url) as proxy:
+        for _ in range(4):
+            with httpx.Client(timeout=10) as http:  # each its own caller
+                answer = http.get(f"{proxy.url}{path}")
+            assert "x-poison" not in answer.headers
+            assert answer.content != b"EVIL"
+            assert (answer.status_code, answer.content) == (200, b"hello")
+    assert [m for m, p in fake_upstream.heads if p == path] == ["GET"] * 4
+
+
+def _hog(port: int, head: str) -> socket.socket:
+    """A caller that sends a request head announcing a big body, one byte of it, and waits."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(head.encode() + b"{")
+    return sock
+
+
+def test_hanging_uploads_leave_reads_their_connections(fake_upstream: FakeUpstream) -> None:
+    """A handful of callers that never finish their manifest PUTs or blob PATCHes: reads
+    (``_variants`` scans, manifest and blob GETs) are still answered, manifest bodies never
+    reach the upstream unfinished, and uploads past the cap are refused in one line."""
+    fake_upstream.serve_image("app", "1", _config({}))
+    _tags(fake_upstream, "app", ["1"])
+    blob = "/v2/app/blobs/sha256:" + "c" * 64
+    fake_upstream.routes[blob] = Reply(body=b"layer")
+    pool, uploads, hogs = 2, 2, 6
+    with (
+        ProxyServer(
+            fake_upstream.url,
+            upstream_timeout=3,
+            max_connections=pool,
+            limits=ProxyLimits(upload_connections=uploads),
+        ) as proxy,
+        ExitStack() as held,
+    ):
+        for number in range(hogs):
+            for head in (
+                f"PUT /v2/app/manifests/hog{number} HTTP/1.1\r\nHost: {proxy.host}\r\n"
+                "Content-Type: application/vnd.oci.image.manifest.v1+json\r\n"
+                "Content-Length: 4000000\r\n\r\n",
+                f"PATCH /v2/app/blobs/uploads/hog{number} HTTP/1.1\r\nHost: {proxy.host}\r\n"
+                "Content-Length: 4000000\r\n\r\n",
+            ):
+                held.enter_context(_hog(proxy.port, head))
+        # the hogs have taken whatever upstream connections they can get
+        eventually(
+            lambda: sum(path.startswith("/v2/app/") for _, path in fake_upstream.heads) >= pool,
+            10,
+            "the hanging uploads reached the upstream",
+        )
+        with httpx.Client(base_url=proxy.url, timeout=30) as http:
+            variants = http.get("/v2/app/_variants/1", headers={"Cache-Control": "no-cache"})
+            assert variants.status_code == 200, variants.text
+            assert variants.json()["bare"]["tag"] == "1"
+            manifest = http.get("/v2/app/manifests/1")
+            assert manifest.status_code == 200, manifest.text
+            assert http.get(blob).content == b"layer"
+            # an upload past the cap waits its turn, then is told why
+            refused = http.patch("/v2/app/blobs/uploads/late", content=b"x")
+            assert refused.status_code == 503, refused.text
+            message = refused.json()["errors"][0]["message"]
+            assert f"{uploads} uploads" in message and "\n" not in message
+        unfinished = [(m, p) for m, p in fake_upstream.heads if "/manifests/hog" in p]
+        assert unfinished == []  # a manifest goes up only once it is whole
+        patches = [p for m, p in fake_upstream.heads if m == "PATCH"]
+        assert len(patches) == uploads
+
+
+def test_a_manifest_over_the_limit_is_413(fake_upstream: FakeUpstream) -> None:
+    with ProxyServer(fake_upstream.url, limits=ProxyLimits(manifest_bytes=1000)) as proxy:
+        answer = httpx.put(f"{proxy.url}/v2/app/manifests/1", content=b"{" * 1001)
+        assert answer.status_code == 413
+        assert "1000" in answer.json()["errors"][0]["message"]
+        fake_upstream.routes["/v2/app/manifests/1"] = Reply(201, headers={"Location": "/x"})
+        assert httpx.put(f"{proxy.url}/v2/app/manifests/1", content=b"{}").status_code == 201
+    assert [(m, p) for m, p in fake_upstream.heads] == [("PUT", "/v2/app/manifests/1")]
+
+
+def _peak_rss(pid: int) -> int:
+    """The process's peak resident set (VmHWM), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+@pytest.fixture
+def huge_tenant(fake_upstream: FakeUpstream) -> Iterator[FakeUpstream]:
+    """``evil``: versions whose variant images hold millions of label values (a 21 MiB
+    config, and one just under the proxy's config cap); ``honest``: an ordinary image."""
+    many = ",".join(f"v{n}" for n in range(3_000_000))  # 24 MiB of values
+    fits = ",".join(f"v{n}" for n in range(100_000))  # 680 KiB: under the config cap
+    tags = []
+    for number, values in enumerate((many, many, fits)):
+        tag = f"1-big{number}"
+        labels = {
+            "dev.pep817.variant-label": f"big{number}",
+            "dev.pep817.variant.acme.flavour": values,
+        }
+        fake_upstream.serve_image("evil", tag, _config(labels))
+        tags.append(tag)
+    _tags(fake_upstream, "evil", tags)
+    fake_upstream.serve_image("honest", "1", _config({}))
+    _tags(fake_upstream, "honest", ["1"])
+    return fake_upstream
+
+
+def test_a_tenants_huge_config_costs_the_others_nothing(
+    huge_tenant: FakeUpstream, tmp_path: Path
+) -> None:
+    proxy = devstack.start_proxy(huge_tenant.url, tmp_path / "proxy", cache_ttl=3600)
+    try:
+        with httpx.Client(base_url=proxy.url, timeout=60) as http:
+            assert http.get("/v2/honest/_variants/1").status_code == 200
+        before = _peak_rss(proxy.process.pid)
+
+        async def storm() -> tuple[list[httpx.Response], list[httpx.Response]]:
+            async with httpx.AsyncClient(base_url=proxy.url, timeout=120) as client:
+                fresh = {"Cache-Control": "no-cache"}
+                evil = [client.get("/v2/evil/_variants/1", headers=fresh) for _ in range(4)]
+                honest = [client.get("/v2/honest/_variants/1") for _ in range(20)]
+                answers = await asyncio.gather(*evil, *honest)
+                return answers[:4], answers[4:]
+
+        evil, honest = asyncio.run(storm())
+        assert [a.status_code for a in honest] == [200] * len(honest)
+        assert {a.json()["bare"]["tag"] for a in honest} == {"1"}
+        assert len({a.status_code for a in evil}) == 1
+        document = evil[0].json()
+        reasons = {entry["tag"]: entry["error"] for entry in document["invalid"]}
+        assert sorted(reasons) == ["1-big0", "1-big1", "1-big2"], document
+        assert "bytes" in reasons["1-big0"] and "\n" not in reasons["1-big0"]
+        assert "values" in reasons["1-big2"], reasons["1-big2"]
+        assert document["variants"] == {}
+        # the huge configs were never held whole, nor their values split
+        assert _peak_rss(proxy.process.pid) - before < 64 << 20
+    finally:
+        proxy.stop()
