@@ -15,9 +15,11 @@ import httpx
 import pytest
 
 import devstack
+from conftest import RunningRegistry
 from docker_variant.proxy.limits import ProxyLimits
 from fakeupstream import FakeUpstream, Reply
-from proxyrunner import ProxyServer, eventually
+from imaging import OCI_MANIFEST, push_blob, push_manifest, raw_manifest
+from proxyrunner import FrontedProxy, ProxyServer, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -115,6 +117,52 @@ def test_hanging_uploads_leave_reads_their_connections(fake_upstream: FakeUpstre
         assert unfinished == []  # a manifest goes up only once it is whole
         patches = [p for m, p in fake_upstream.heads if m == "PATCH"]
         assert len(patches) == uploads
+
+
+def _accepted(port: int) -> int:
+    """Established connections that 127.0.0.1:``port`` accepted (this network namespace)."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "01" and int(fields[1].split(":")[1], 16) == port:
+            count += 1
+    return count
+
+
+def test_the_nginx_front_reads_manifests_whole_before_passing_them_on(
+    registry: RunningRegistry,
+) -> None:
+    """Behind the shipped front, hanging manifest PUTs stay in nginx: they reach neither
+    variant-proxy nor the registry, and a manifest over the registry's limit is 413."""
+    push_blob(registry.url, "isolation/front", b"{}")
+    push_manifest(registry.url, "isolation/front", "1", raw_manifest(b"{}"), OCI_MANIFEST)
+    hogs = 6
+    with (
+        FrontedProxy(registry.host, registry.url) as front,
+        ExitStack() as held,
+    ):
+        proxy_port = int(front.proxy_host.rsplit(":", 1)[1])
+        for number in range(hogs):
+            held.enter_context(
+                _hog(
+                    front.port,
+                    f"PUT /v2/isolation/front/manifests/hog{number} HTTP/1.1\r\n"
+                    f"Host: {front.host}\r\nContent-Type: {OCI_MANIFEST}\r\n"
+                    "Content-Length: 4000000\r\n\r\n",
+                )
+            )
+        with httpx.Client(base_url=front.url, timeout=30) as http:
+            variants = http.get("/v2/isolation/front/_variants/1")
+            assert variants.status_code == 200, variants.text
+            assert http.get("/v2/isolation/front/_variants/1").status_code == 200
+            too_big = http.put(
+                "/v2/isolation/front/manifests/2",
+                content=b" " * ((4 << 20) + 1),
+                headers={"Content-Type": OCI_MANIFEST},
+            )
+            assert too_big.status_code == 413
+        # the hogs' bodies are still coming: nginx has not opened a connection for them
+        assert _accepted(proxy_port) < hogs
 
 
 def test_a_manifest_over_the_limit_is_413(fake_upstream: FakeUpstream) -> None:
