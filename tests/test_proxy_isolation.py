@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -16,7 +18,9 @@ import pytest
 
 import devstack
 from conftest import RunningRegistry
-from docker_variant.proxy.limits import ProxyLimits
+from docker_variant.proxy.cache import CachedIndex, LocalIndexStore
+from docker_variant.proxy.limits import ProxyLimits, parse_limit
+from docker_variant.variant import VariantIndex
 from fakeupstream import FakeUpstream, Reply
 from imaging import OCI_MANIFEST, push_blob, push_manifest, raw_manifest
 from proxyrunner import FrontedProxy, ProxyServer, eventually
@@ -235,3 +239,57 @@ def test_a_tenants_huge_config_costs_the_others_nothing(
         assert _peak_rss(proxy.process.pid) - before < 64 << 20
     finally:
         proxy.stop()
+
+
+def test_limits_are_set_by_name() -> None:
+    limits = parse_limit(parse_limit(ProxyLimits(), "config-bytes=2048"), "labels = 10")
+    assert (limits.config_bytes, limits.labels) == (2048, 10)
+    assert limits.reads().config_bytes == 2048
+    assert limits.upload_connections == ProxyLimits().upload_connections
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ("config-bytes", "expected NAME=VALUE"),
+        ("nonsense=1", "expected NAME=VALUE with NAME one of upload-connections"),
+        ("labels=-1", "not a whole number"),
+        ("labels=1e3", "not a whole number"),
+        ("labels=0", "labels must be a whole number >= 1"),
+        ("index-bytes=" + "9" * 40, "not a whole number"),
+    ],
+)
+def test_a_bad_limit_is_one_line_and_exit_2(value: str, needle: str) -> None:
+    proxy = [sys.executable, "-m", "docker_variant.proxy", "--upstream", "http://127.0.0.1:1"]
+    done = subprocess.run(
+        [*proxy, "--limit", value],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert needle in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def _entry(size: int) -> CachedIndex:
+    return CachedIndex(VariantIndex.from_json(EMPTY_INDEX, "index"), b" " * size, 1e18)
+
+
+EMPTY_INDEX = {"variants": {}, "images": {}, "bare": None, "invalid": []}
+
+
+def test_the_local_cache_keeps_to_its_byte_budget() -> None:
+    store = LocalIndexStore(60, max_bytes=1000)
+
+    async def fill() -> list[bool]:
+        for number in range(5):
+            await store.put(("big", str(number)), _entry(400), 0)
+        await store.put(("huge", "1"), _entry(1001), 0)  # more than the whole budget
+        return [await store.get(("big", str(n))) is not None for n in range(5)] + [
+            await store.get(("huge", "1")) is not None
+        ]
+
+    # the two newest fit; the one larger than the budget is never kept
+    assert asyncio.run(fill()) == [False, False, False, True, True, False]
