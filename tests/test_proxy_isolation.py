@@ -5,6 +5,7 @@ it is parsed, and an upstream answer longer than its framing reaches no other ca
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import socket
 import subprocess
@@ -63,6 +64,41 @@ def test_an_over_long_upstream_answer_reaches_no_other_caller(
             assert answer.content != b"EVIL"
             assert (answer.status_code, answer.content) == (200, b"hello")
     assert [m for m, p in fake_upstream.heads if p == path] == ["GET"] * 4
+
+
+def test_a_scan_never_reads_bytes_left_after_an_answer(fake_upstream: FakeUpstream) -> None:
+    """A tag list followed, in the same write, by a made-up manifest answer: the scan's next
+    request (the manifest of tag 1) gets the registry's own answer, not the made-up one."""
+    honest = fake_upstream.serve_image("app", "1", _config({}))
+    forged_config = _config(
+        {"dev.pep817.variant-label": "evil", "dev.pep817.variant.acme.flavour": "x"}
+    )
+    fake_upstream.serve_image("forged", "1", forged_config)  # its config blob, for the scan
+    fake_upstream.routes["/v2/app/blobs/" + _sha256(forged_config)] = Reply(body=forged_config)
+    forged = fake_upstream.routes["/v2/forged/manifests/1"]
+    assert isinstance(forged, Reply)
+    tags = json.dumps({"name": "app", "tags": ["1"]}).encode()
+    fake_upstream.routes["/v2/app/tags/list"] = Reply(
+        raw=b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(tags)}\r\n\r\n".encode()
+        + tags
+        + b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\n"
+        + f"Content-Length: {len(forged.body)}\r\n\r\n".encode()
+        + forged.body
+    )
+    with ProxyServer(fake_upstream.url) as proxy:
+        for _ in range(2):
+            answer = httpx.get(
+                f"{proxy.url}/v2/app/_variants/1", headers={"Cache-Control": "no-cache"}
+            )
+            assert answer.status_code == 200, answer.text
+            document = answer.json()
+            assert document["variants"] == {}, document
+            assert document["bare"]["digest"] == honest
+
+
+def _sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def _hog(port: int, head: str) -> socket.socket:

@@ -18,13 +18,13 @@ No caller can hold the connections that others need, nor get another's answer:
   any size, streams up through a pool of its own (``ProxyLimits.upload_connections``), so
   hanging uploads leave reads (manifests, blobs, scans) their connections; an upload that
   finds its pool full waits up to the upstream time-out, then gets 503.
-- A pass-through answer's connection is closed once the answer ends, never reused. httpcore
+- No upstream connection carries two answers: each is closed once its answer ends. httpcore
   (1.0.9, with h11 0.16) keeps whatever an upstream sent past an answer's Content-Length on
-  the kept-alive connection and reads it as the answer to the next request sent on it:
-  another caller would get bytes the upstream made up for it. Its public API cannot tell
-  such an answer apart, so pass-through gives up keep-alive; scans and authorisation checks
-  keep theirs on their own pool, as the proxy reads and checks their answers itself (and
-  nothing of them reaches a caller as bytes).
+  a kept-alive connection and reads it as the answer to the next request sent on it: bytes
+  of one tenant's blob or config, miscounted by a registry, would be another caller's
+  manifest (passed through, or read by a scan into a cached index). Its public API cannot
+  tell such an answer apart, so the proxy gives up keep-alive upstream (a TCP connect per
+  answer; a TLS handshake too for an https upstream).
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ class StreamedResponse(Response):
                 }
             )
             if scope["method"] == "HEAD" or self.status_code in (204, 304):
-                # framed as empty: read to its end, so the connection stays in the pool
+                # framed as empty: read to its end, so the connection is released
                 await self._upstream.aread()
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
@@ -206,10 +206,10 @@ def has_body(request: Request) -> bool:
 
 
 class Upstream:
-    """The upstream registry: its base URL and three pools of connections to it (see the
-    module's notes): kept-alive ones for scans, authorisation checks and health probes
-    (``transport``, ``client``); one connection per answer for pass-through reads and
-    manifest writes; and, apart, the streamed uploads'."""
+    """The upstream registry: its base URL and three pools of connections to it, each
+    connection closed after one answer (see the module's notes): scans, authorisation checks
+    and health probes (``transport``, ``client``); pass-through reads and manifest writes
+    (``reads``); streamed uploads (``uploads``). Apart, none of them starves the others."""
 
     def __init__(
         self,
@@ -224,10 +224,9 @@ class Upstream:
         self.timeout = timeout
         self.limits = limits or ProxyLimits()
         self.prefix = httpx.URL(self.base_url).path.rstrip("/")
+        # keep-alive off in every pool: no connection outlives the answer it carried
         self.transport = async_transport(
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=0)
         )
         # No read time-out: a blob body may take as long as it takes. Requests get a
         # deadline for their response headers instead (see forward).
@@ -236,7 +235,6 @@ class Upstream:
             timeout=httpx.Timeout(None, connect=connect_timeout),
             follow_redirects=False,
         )
-        # keep-alive off: no connection outlives the answer it carried (module notes)
         self.reads = async_client(
             transport=async_transport(
                 limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=0)
