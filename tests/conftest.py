@@ -143,9 +143,9 @@ def kube_api(kube: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
     """The admin's client on the session's control plane, with a fresh namespace (its name
     in ``client.headers["X-Test-Namespace"]``); on teardown every pod, claim, template,
     slice and node the test made is deleted, so the next test meets an empty cluster."""
-    import kubeplane
-
     import hashlib
+
+    import kubeplane
 
     slug = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:40].strip("-")
     namespace = f"t-{slug}-{hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:8]}"

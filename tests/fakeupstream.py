@@ -22,6 +22,7 @@ class Reply:
     truncate_to: int | None = None  # announce len(body), send this many bytes, hang up
     chunked: bool = False  # send the body with Transfer-Encoding: chunked, in pieces
     drip_s: float = 0.0  # send the body a byte at a time, this many seconds apart
+    raw: bytes | None = None  # the whole answer, head included, written as it is in one write
 
 
 @dataclass
@@ -48,6 +49,7 @@ class FakeUpstream:
         self.routes: dict[str, Route] = {}
         self.requests: list[Seen] = []
         self._stopping = threading.Event()  # ends a drip at stop()
+        self.heads: list[tuple[str, str]] = []  # (method, path) as each head arrives, body unread
         upstream = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -55,6 +57,7 @@ class FakeUpstream:
 
             def _serve(self) -> None:
                 parts = urlsplit(self.path)
+                upstream.heads.append((self.command, parts.path))
                 length = int(self.headers.get("content-length") or 0)
                 seen = Seen(
                     self.command,
@@ -66,6 +69,9 @@ class FakeUpstream:
                 upstream.requests.append(seen)
                 route = upstream.routes.get(parts.path, Reply(404, b"404 page not found"))
                 reply = route(seen) if callable(route) else route
+                if reply.raw is not None:
+                    self.wfile.write(reply.raw)  # the connection is kept for the next request
+                    return
                 self.send_response(reply.status)
                 for key, value in reply.headers.items():
                     self.send_header(key, value)
@@ -96,7 +102,7 @@ class FakeUpstream:
                 if reply.truncate_to is not None:
                     self.close_connection = True
 
-            do_GET = do_HEAD = do_POST = do_PUT = _serve
+            do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # keep test output clean

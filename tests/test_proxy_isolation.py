@@ -5,8 +5,11 @@ it is parsed, and an upstream answer longer than its framing reaches no other ca
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -15,8 +18,13 @@ import httpx
 import pytest
 
 import devstack
+from conftest import RunningRegistry
+from docker_variant.proxy.cache import CachedIndex, LocalIndexStore
+from docker_variant.proxy.limits import ProxyLimits, parse_limit
+from docker_variant.variant import VariantIndex
 from fakeupstream import FakeUpstream, Reply
-from proxyrunner import ProxyServer, eventually
+from imaging import OCI_MANIFEST, push_blob, push_manifest, raw_manifest
+from proxyrunner import FrontedProxy, ProxyServer, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -58,6 +66,41 @@ def test_an_over_long_upstream_answer_reaches_no_other_caller(
     assert [m for m, p in fake_upstream.heads if p == path] == ["GET"] * 4
 
 
+def test_a_scan_never_reads_bytes_left_after_an_answer(fake_upstream: FakeUpstream) -> None:
+    """A tag list followed, in the same write, by a made-up manifest answer: the scan's next
+    request (the manifest of tag 1) gets the registry's own answer, not the made-up one."""
+    honest = fake_upstream.serve_image("app", "1", _config({}))
+    forged_config = _config(
+        {"dev.pep817.variant-label": "evil", "dev.pep817.variant.acme.flavour": "x"}
+    )
+    fake_upstream.serve_image("forged", "1", forged_config)  # its config blob, for the scan
+    fake_upstream.routes["/v2/app/blobs/" + _sha256(forged_config)] = Reply(body=forged_config)
+    forged = fake_upstream.routes["/v2/forged/manifests/1"]
+    assert isinstance(forged, Reply)
+    tags = json.dumps({"name": "app", "tags": ["1"]}).encode()
+    fake_upstream.routes["/v2/app/tags/list"] = Reply(
+        raw=b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(tags)}\r\n\r\n".encode()
+        + tags
+        + b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\n"
+        + f"Content-Length: {len(forged.body)}\r\n\r\n".encode()
+        + forged.body
+    )
+    with ProxyServer(fake_upstream.url) as proxy:
+        for _ in range(2):
+            answer = httpx.get(
+                f"{proxy.url}/v2/app/_variants/1", headers={"Cache-Control": "no-cache"}
+            )
+            assert answer.status_code == 200, answer.text
+            document = answer.json()
+            assert document["variants"] == {}, document
+            assert document["bare"]["digest"] == honest
+
+
+def _sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
 def _hog(port: int, head: str) -> socket.socket:
     """A caller that sends a request head announcing a big body, one byte of it, and waits."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
@@ -79,7 +122,7 @@ def test_hanging_uploads_leave_reads_their_connections(fake_upstream: FakeUpstre
             fake_upstream.url,
             upstream_timeout=3,
             max_connections=pool,
-            max_upload_connections=uploads,
+            limits=ProxyLimits(upload_connections=uploads),
         ) as proxy,
         ExitStack() as held,
     ):
@@ -116,8 +159,54 @@ def test_hanging_uploads_leave_reads_their_connections(fake_upstream: FakeUpstre
         assert len(patches) == uploads
 
 
+def _accepted(port: int) -> int:
+    """Established connections that 127.0.0.1:``port`` accepted (this network namespace)."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "01" and int(fields[1].split(":")[1], 16) == port:
+            count += 1
+    return count
+
+
+def test_the_nginx_front_reads_manifests_whole_before_passing_them_on(
+    registry: RunningRegistry,
+) -> None:
+    """Behind the shipped front, hanging manifest PUTs stay in nginx: they reach neither
+    variant-proxy nor the registry, and a manifest over the registry's limit is 413."""
+    push_blob(registry.url, "isolation/front", b"{}")
+    push_manifest(registry.url, "isolation/front", "1", raw_manifest(b"{}"), OCI_MANIFEST)
+    hogs = 6
+    with (
+        FrontedProxy(registry.host, registry.url) as front,
+        ExitStack() as held,
+    ):
+        proxy_port = int(front.proxy_host.rsplit(":", 1)[1])
+        for number in range(hogs):
+            held.enter_context(
+                _hog(
+                    front.port,
+                    f"PUT /v2/isolation/front/manifests/hog{number} HTTP/1.1\r\n"
+                    f"Host: {front.host}\r\nContent-Type: {OCI_MANIFEST}\r\n"
+                    "Content-Length: 4000000\r\n\r\n",
+                )
+            )
+        with httpx.Client(base_url=front.url, timeout=30) as http:
+            variants = http.get("/v2/isolation/front/_variants/1")
+            assert variants.status_code == 200, variants.text
+            assert http.get("/v2/isolation/front/_variants/1").status_code == 200
+            too_big = http.put(
+                "/v2/isolation/front/manifests/2",
+                content=b" " * ((4 << 20) + 1),
+                headers={"Content-Type": OCI_MANIFEST},
+            )
+            assert too_big.status_code == 413
+        # the hogs' bodies are still coming: nginx has not opened a connection for them
+        assert _accepted(proxy_port) < hogs
+
+
 def test_a_manifest_over_the_limit_is_413(fake_upstream: FakeUpstream) -> None:
-    with ProxyServer(fake_upstream.url, max_manifest_bytes=1000) as proxy:
+    with ProxyServer(fake_upstream.url, limits=ProxyLimits(manifest_bytes=1000)) as proxy:
         answer = httpx.put(f"{proxy.url}/v2/app/manifests/1", content=b"{" * 1001)
         assert answer.status_code == 413
         assert "1000" in answer.json()["errors"][0]["message"]
@@ -136,16 +225,16 @@ def _peak_rss(pid: int) -> int:
 
 @pytest.fixture
 def huge_tenant(fake_upstream: FakeUpstream) -> Iterator[FakeUpstream]:
-    """``evil``: versions whose variant images hold millions of label values (a 20 MiB
+    """``evil``: versions whose variant images hold millions of label values (a 21 MiB
     config, and one just under the proxy's config cap); ``honest``: an ordinary image."""
-    many = ",".join(str(n % 1000) for n in range(3_000_000))  # 11 MiB of values
-    fits = ",".join(str(n % 1000) for n in range(200_000))  # 780 KiB: under the config cap
+    many = ",".join(f"v{n}" for n in range(3_000_000))  # 24 MiB of values
+    fits = ",".join(f"v{n}" for n in range(100_000))  # 680 KiB: under the config cap
     tags = []
     for number, values in enumerate((many, many, fits)):
         tag = f"1-big{number}"
         labels = {
             "dev.pep817.variant-label": f"big{number}",
-            "dev.pep817.variant.nvidia.sm_arch": values,
+            "dev.pep817.variant.acme.flavour": values,
         }
         fake_upstream.serve_image("evil", tag, _config(labels))
         tags.append(tag)
@@ -186,3 +275,57 @@ def test_a_tenants_huge_config_costs_the_others_nothing(
         assert _peak_rss(proxy.process.pid) - before < 64 << 20
     finally:
         proxy.stop()
+
+
+def test_limits_are_set_by_name() -> None:
+    limits = parse_limit(parse_limit(ProxyLimits(), "config-bytes=2048"), "labels = 10")
+    assert (limits.config_bytes, limits.labels) == (2048, 10)
+    assert limits.reads().config_bytes == 2048
+    assert limits.upload_connections == ProxyLimits().upload_connections
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ("config-bytes", "expected NAME=VALUE"),
+        ("nonsense=1", "expected NAME=VALUE with NAME one of upload-connections"),
+        ("labels=-1", "not a whole number"),
+        ("labels=1e3", "not a whole number"),
+        ("labels=0", "labels must be a whole number >= 1"),
+        ("index-bytes=" + "9" * 40, "not a whole number"),
+    ],
+)
+def test_a_bad_limit_is_one_line_and_exit_2(value: str, needle: str) -> None:
+    proxy = [sys.executable, "-m", "docker_variant.proxy", "--upstream", "http://127.0.0.1:1"]
+    done = subprocess.run(
+        [*proxy, "--limit", value],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert needle in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def _entry(size: int) -> CachedIndex:
+    return CachedIndex(VariantIndex.from_json(EMPTY_INDEX, "index"), b" " * size, 1e18)
+
+
+EMPTY_INDEX = {"variants": {}, "images": {}, "bare": None, "invalid": []}
+
+
+def test_the_local_cache_keeps_to_its_byte_budget() -> None:
+    store = LocalIndexStore(60, max_bytes=1000)
+
+    async def fill() -> list[bool]:
+        for number in range(5):
+            await store.put(("big", str(number)), _entry(400), 0)
+        await store.put(("huge", "1"), _entry(1001), 0)  # more than the whole budget
+        return [await store.get(("big", str(n))) is not None for n in range(5)] + [
+            await store.get(("huge", "1")) is not None
+        ]
+
+    # the two newest fit; the one larger than the budget is never kept
+    assert asyncio.run(fill()) == [False, False, False, True, True, False]

@@ -55,6 +55,7 @@ from docker_variant.oci.reference import (
     registry_base_url,
 )
 from docker_variant.variant.index import VariantIndex
+from docker_variant.variant.labels import LABEL_PREFIX
 from docker_variant.variant.platform import Platform, host_platform
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "Manifest",
     "Platform",
     "Read",
+    "ReadLimits",
     "RegistryClient",
     "SyncRegistryClient",
     "config_labels",
@@ -91,6 +93,19 @@ DEFAULT_READ_DEADLINE = 60.0
 #: page for ever).
 MAX_PAGES_ENV = "DOCKER_VARIANT_REGISTRY_MAX_PAGES"
 DEFAULT_MAX_PAGES = 1000
+#: A body larger than this is checked and parsed on a worker thread by ``RegistryClient``,
+#: so that the event loop (the proxy's other callers) never waits on one document.
+_INLINE_BODY = 64 << 10
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """What a scan reads of one image: a larger config is refused unread, and labels past
+    these bounds make the image invalid before any of them is parsed."""
+
+    config_bytes: int = _CONFIG_LIMIT
+    labels: int = 1024
+    variant_label_chars: int = 64 << 10  # the values of its dev.pep817.* labels together
 
 
 @dataclass(frozen=True)
@@ -125,16 +140,30 @@ class Manifest:
         return digest
 
 
-def config_labels(config: Mapping[str, Any], where: str) -> dict[str, str]:
-    """``config.Labels`` of an image config; absent or null means no labels."""
+def config_labels(
+    config: Mapping[str, Any], where: str, limits: ReadLimits | None = None
+) -> dict[str, str]:
+    """``config.Labels`` of an image config; absent or null means no labels. Past
+    ``limits`` (by default ``ReadLimits()``) it is refused before any label is parsed."""
+    limits = limits or ReadLimits()
     section = config.get("config")
     labels = section.get("Labels") if isinstance(section, dict) else None
     if labels is None:
         return {}
-    if not isinstance(labels, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
-    ):
+    if not isinstance(labels, dict):
         raise BadUpstreamResponseError(f"{where}: config.Labels is not an object of strings")
+    if len(labels) > limits.labels:
+        raise BadUpstreamResponseError(
+            f"{where}: config.Labels has {len(labels)} labels; at most {limits.labels} are read"
+        )
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        raise BadUpstreamResponseError(f"{where}: config.Labels is not an object of strings")
+    variant_bytes = sum(len(v) for k, v in labels.items() if k.startswith(LABEL_PREFIX))
+    if variant_bytes > limits.variant_label_chars:
+        raise BadUpstreamResponseError(
+            f"{where}: the values of its {LABEL_PREFIX}* labels are {variant_bytes} "
+            f"characters; at most {limits.variant_label_chars} are read"
+        )
     return labels
 
 
@@ -176,6 +205,7 @@ class _RegistryReads:
         max_concurrency: int,
         deadline: float | None,
         max_pages: int,
+        limits: ReadLimits | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise InvalidInputError(f"max_concurrency must be at least 1, got {max_concurrency}")
@@ -193,6 +223,7 @@ class _RegistryReads:
         self.platform = platform or host_platform()
         self.rate_limit_wait = rate_limit_wait
         self._wait_budget = rate_limit_wait
+        self.limits = limits or ReadLimits()
 
     def _rate_limit_delay(self, exc: UpstreamUnavailableError, attempt: int) -> float:
         """Seconds to wait before retrying after ``exc``; raises when it is no 429 or the
@@ -301,14 +332,14 @@ class _RegistryReads:
         digest = manifest.config_digest
         what = f"config blob {digest} of {repository}"
         url = f"{self.base_url}/v2/{repository}/blobs/{digest}"
-        response, body = yield _Get(url, what, _CONFIG_LIMIT)
+        response, body = yield _Get(url, what, self.limits.config_bytes)
         _check_digest(body, digest, what, response)
         return _json_object(body, what, response)
 
     def _get_labels(self, repository: str, manifest: Manifest) -> Read[dict[str, str]]:
         config = yield from self.read_config(repository, manifest)
         url = f"{self.base_url}/v2/{repository}/blobs/{manifest.config_digest}"
-        return config_labels(config, f"config blob {url}")
+        return config_labels(config, f"config blob {url}", self.limits)
 
     def _image_labels(self, repository: str, tag: str) -> Read[tuple[str, dict[str, str]]]:
         manifest = yield from self._get_manifest(repository, tag, None)
@@ -402,10 +433,13 @@ class RegistryClient(_RegistryReads):
         tls: ssl.SSLContext | None = None,
         deadline: float | None = None,
         max_pages: int = DEFAULT_MAX_PAGES,
+        limits: ReadLimits | None = None,
     ) -> None:
         import asyncio  # here: the sync client's commands load no asyncio
 
-        super().__init__(base_url, platform, rate_limit_wait, max_concurrency, deadline, max_pages)
+        super().__init__(
+            base_url, platform, rate_limit_wait, max_concurrency, deadline, max_pages, limits
+        )
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._http = async_client(
             base_url=self.base_url,
@@ -524,18 +558,23 @@ class RegistryClient(_RegistryReads):
         return digest
 
     async def _run(self, read: Read[_T]) -> _T:
-        try:
-            get = next(read)
-            while True:
-                try:
-                    answer = await self._get(get)
-                except Exception as exc:  # the read decides (a 404 may be an answer)
-                    get = read.throw(exc)
+        done, step = _step(read.send, None)
+        while not done:
+            assert isinstance(step, _Get)
+            try:
+                answer = await self._get(step)
+            except Exception as exc:  # the read decides (a 404 may be an answer)
+                done, step = _step(read.throw, exc)
+            else:
+                if len(answer[1]) > _INLINE_BODY:
+                    # a big document is checked and parsed off the event loop
+                    from docker_variant.oci.offload import off_loop
+
+                    done, step = await off_loop(_step, read.send, answer)
                 else:
-                    get = read.send(answer)
-        except StopIteration as done:
-            result: _T = done.value
-            return result
+                    done, step = _step(read.send, answer)
+        result: _T = step
+        return result
 
     async def run_all(self, reads: Sequence[Read[_T]]) -> list[_T]:
         """Run ``reads`` concurrently (at most ``max_concurrency`` requests in flight), their
@@ -605,10 +644,13 @@ class SyncRegistryClient(_RegistryReads):
         tls: ssl.SSLContext | None = None,
         deadline: float | None = None,
         max_pages: int = DEFAULT_MAX_PAGES,
+        limits: ReadLimits | None = None,
     ) -> None:
         """``deadline``: seconds all of this client's reads must end within (``None``: no
         deadline, each request within ``timeout``); ``for_registry`` sets a command's."""
-        super().__init__(base_url, platform, rate_limit_wait, max_concurrency, deadline, max_pages)
+        super().__init__(
+            base_url, platform, rate_limit_wait, max_concurrency, deadline, max_pages, limits
+        )
         self._http = sync_client(
             base_url=self.base_url,
             auth=auth,
@@ -756,6 +798,15 @@ def read_limits() -> tuple[float, int]:
         float(deadline) if deadline else DEFAULT_READ_DEADLINE,
         int(pages) if pages else DEFAULT_MAX_PAGES,
     )
+
+
+def _step(resume: Callable[[Any], Any], value: Any) -> tuple[bool, Any]:
+    """Resume a read: ``(False, its next GET)`` or ``(True, its result)``; StopIteration,
+    which cannot cross a thread's future, is turned into the second."""
+    try:
+        return False, resume(value)
+    except StopIteration as finished:
+        return True, finished.value
 
 
 def _registry_settings(registry: str, config_path: Path | None) -> dict[str, Any]:

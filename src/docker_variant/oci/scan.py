@@ -61,14 +61,23 @@ class VersionImages:
 
 
 async def read_version(client: RegistryClient, repository: str, version: str) -> VariantIndex:
-    """The version's index: from its variant image index if it has one, else a scan."""
+    """The version's index: from its variant image index if it has one, else a scan. The
+    index is built on a worker thread (``offload``): its labels are parsed there."""
+    from docker_variant.oci.offload import off_loop
+
     top = await top_manifest(client, repository, version)
     if top is not None and top.is_index:
-        entries = read_image_index(top.data, version)
-        if entries is not None:
-            return VersionImages(entries, []).index(version)
+        published = await off_loop(_published, top, version)
+        if published is not None:
+            return published
     images = await scan_images(client, repository, version, top=top)
-    return images.index(version)
+    return await off_loop(images.index, version)
+
+
+def _published(top: Manifest, version: str) -> VariantIndex | None:
+    """The index from the variant image index ``top``; None when it is not one."""
+    entries = read_image_index(top.data, version)
+    return None if entries is None else VersionImages(entries, []).index(version)
 
 
 async def scan_index(client: RegistryClient, repository: str, version: str) -> VariantIndex:
@@ -249,7 +258,7 @@ def _entry(client: _Client, repository: str, tag: str, manifest: Manifest) -> Re
         media_type=manifest.media_type,
         digest=manifest.digest,
         size=manifest.size,
-        labels=config_labels(config, where),
+        labels=config_labels(config, where, client.limits),
     )
 
 

@@ -24,6 +24,7 @@ from docker_variant.proxy.app import (
     check_upstream_url,
     create_app,
 )
+from docker_variant.proxy.limits import ProxyLimits, names, parse_limit
 from docker_variant.proxy.metrics import AccessLines
 from docker_variant.server.logs import configure_logging
 from docker_variant.server.net import bind_socket, parse_listen
@@ -95,6 +96,16 @@ def _parser() -> argparse.ArgumentParser:
         help="enable POST /_notify for the registry's notification webhook; callers send "
         f"'Authorization: Bearer <the file's content>' (or set ${NOTIFY_ENV})",
     )
+    defaults = ProxyLimits()
+    parser.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="change one bound, repeatable; NAME (default): "
+        + ", ".join(f"{n} ({getattr(defaults, n.replace('-', '_'))})" for n in names())
+        + "; see docs/security.md",
+    )
     add_tls_arguments(parser, client_ca=False)
     add_version_argument(parser)
     return parser
@@ -127,12 +138,16 @@ def main(argv: list[str] | None = None) -> int:
         host, port = parse_listen(args.listen)
         tls = tls_options(args)
         secret = _notify_secret(args.notify_secret_file)
+        limits = ProxyLimits()
+        for text in args.limit:
+            limits = parse_limit(limits, text)
         app = create_app(
             upstream,
             args.cache_ttl,
             upstream_timeout=args.upstream_timeout,
             cache_url=args.cache,
             notify_secret=secret,
+            limits=limits,
             # the access log straight to stderr in batches, when INFO lines are wanted
             access_lines=AccessLines(sys.stderr) if _logs_info(args.log_level) else None,
         )

@@ -21,6 +21,7 @@ from docker_variant.oci.extension import PROPERTIES_HEADER
 from docker_variant.oci.grammar import name_problem
 from docker_variant.openapi import document as openapi_document
 from docker_variant.proxy.cache import IndexStore, open_store
+from docker_variant.proxy.limits import ProxyLimits
 from docker_variant.proxy.metrics import (
     CONTENT_TYPE_LATEST,
     AccessLines,
@@ -82,6 +83,7 @@ class ProxyEndpoints:
         connect_timeout: float,
         max_connections: int,
         notify_secret: str | None,
+        limits: ProxyLimits,
     ) -> None:
         self.base_url = base_url
         self.cache = cache
@@ -90,6 +92,7 @@ class ProxyEndpoints:
         self.connect_timeout = connect_timeout
         self.max_connections = max_connections
         self.notify_secret = notify_secret
+        self.limits = limits
         self._service: VariantService | None = None
 
     @property
@@ -104,6 +107,7 @@ class ProxyEndpoints:
             timeout=self.upstream_timeout,
             connect_timeout=self.connect_timeout,
             max_connections=self.max_connections,
+            limits=self.limits,
         )
         self._service = VariantService(upstream, self.cache, self.metrics)
         await self.cache.start()
@@ -192,6 +196,7 @@ def create_app(
     cache_url: str | None = None,
     notify_secret: str | None = None,
     access_lines: AccessLines | None = None,
+    limits: ProxyLimits | None = None,
 ) -> Starlette:
     """The proxy for ``upstream_url``; ``cache_ttl`` bounds how stale an index may be
     (0 disables the cache); ``upstream_timeout`` bounds an index scan and the wait for
@@ -201,14 +206,16 @@ def create_app(
     keeps it in this process. ``notify_secret`` enables ``POST /_notify`` for the
     registry's notification webhook, called with ``Authorization: Bearer <secret>``.
     ``access_lines``: where the access log's lines go (the server's stderr, in batches);
-    without it they are records of the ``metrics.ACCESS_LOGGER`` logger."""
+    without it they are records of the ``metrics.ACCESS_LOGGER`` logger. ``limits``: what
+    one upload, manifest, image config or index may cost (``ProxyLimits``' defaults)."""
     base_url = check_upstream_url(upstream_url)
     if cache_ttl < 0:
         raise InvalidInputError(f"cache TTL must be >= 0 seconds, got {cache_ttl}")
     if upstream_timeout <= 0:
         raise InvalidInputError(f"upstream timeout must be > 0 seconds, got {upstream_timeout}")
+    limits = limits or ProxyLimits()
     metrics = ProxyMetrics()
-    cache = open_store(cache_url, cache_ttl)
+    cache = open_store(cache_url, cache_ttl, max_bytes=limits.cache_bytes)
     endpoints = ProxyEndpoints(
         base_url,
         cache,
@@ -217,6 +224,7 @@ def create_app(
         connect_timeout=connect_timeout,
         max_connections=max_connections,
         notify_secret=notify_secret,
+        limits=limits,
     )
     requests = RequestLog(metrics, access_lines)
 

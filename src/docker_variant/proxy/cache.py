@@ -42,6 +42,8 @@ __all__ = ["CachedIndex", "IndexStore", "Key", "LocalIndexStore", "RedisIndexSto
 _log = logging.getLogger("docker_variant.proxy")
 
 Key = tuple[str, str]  # (repository, version)
+DEFAULT_MAX_BYTES = 256 << 20  # ProxyLimits.cache_bytes
+_INLINE_DECODE = 64 << 10  # a larger shared entry is decoded off the event loop
 Listener = Callable[[str], None]
 
 
@@ -69,18 +71,22 @@ class IndexStore(Protocol):
 
 
 class LocalIndexStore:
-    """This process's indexes, at most ``max_entries`` (LRU)."""
+    """This process's indexes, at most ``max_entries`` whose documents take at most
+    ``max_bytes`` together (LRU): one tenant's large indexes evict, they do not grow."""
 
     def __init__(
         self,
         ttl: float,
         *,
         max_entries: int = 4096,
+        max_bytes: int = DEFAULT_MAX_BYTES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ttl = ttl
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
         self.clock = clock
+        self._bytes = 0
         self._entries: OrderedDict[Key, CachedIndex] = OrderedDict()
         self._generations: dict[str, int] = {}
         self._listeners: list[Listener] = []
@@ -90,7 +96,7 @@ class LocalIndexStore:
         if entry is None:
             return None
         if entry.expires <= self.clock():
-            del self._entries[key]
+            self._remove(key)
             return None
         self._entries.move_to_end(key)
         return entry
@@ -101,10 +107,18 @@ class LocalIndexStore:
     async def put(self, key: Key, entry: CachedIndex, generation: int) -> None:
         # A stale scan (the repository changed while it ran) must not be stored.
         if self.ttl > 0 and self._generations.get(key[0], 0) == generation:
+            if len(entry.body) > self.max_bytes:
+                return  # served, never kept
+            self._remove(key)
             self._entries[key] = entry
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+            self._bytes += len(entry.body)
+            while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
+                self._remove(next(iter(self._entries)))
+
+    def _remove(self, key: Key) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._bytes -= len(entry.body)
 
     def known(self, name: str) -> int:
         """The repository's generation as this process knows it."""
@@ -123,7 +137,7 @@ class LocalIndexStore:
 
     def drop(self, name: str) -> None:
         for key in [k for k in self._entries if k[0] == name]:
-            del self._entries[key]
+            self._remove(key)
 
     async def invalidate(self, name: str) -> None:
         self.forget(name)
@@ -194,7 +208,9 @@ class RedisIndexStore:
     TLS (the system's trust store), ``unix://PATH``. Redis is inside the proxy's trust
     boundary: whoever can write to it decides what every replica serves."""
 
-    def __init__(self, url: str, ttl: float, *, client: Any = None) -> None:
+    def __init__(
+        self, url: str, ttl: float, *, client: Any = None, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
         import redis.asyncio as aioredis
 
         self.ttl = ttl
@@ -213,7 +229,7 @@ class RedisIndexStore:
         except (TypeError, ValueError) as exc:
             raise InvalidInputError(f"--cache {self._safe_url()}: {exc}") from exc
         self._redis = client or aioredis.Redis(connection_pool=pool)
-        self._local = LocalIndexStore(ttl)
+        self._local = LocalIndexStore(ttl, max_bytes=max_bytes)
         self._listeners: list[Listener] = []
         self._down = False
         self._unannounced: set[str] = set()  # invalidated while Redis was away
@@ -340,7 +356,13 @@ class RedisIndexStore:
             return await self._local.get(key)
         raw, generation = found
         trusted = await self._agree(name, _generation_value(generation))
-        shared = self._decode(raw) if trusted else None
+        shared = None
+        if trusted and isinstance(raw, bytes | str) and len(raw) > _INLINE_DECODE:
+            from docker_variant.oci.offload import off_loop
+
+            shared = await off_loop(self._decode, raw)
+        elif trusted:
+            shared = self._decode(raw)
         # What this replica scanned while Redis was away, unless Redis has a newer scan.
         own = await self._local.get(key)
         if own is not None and (shared is None or own.scanned_at >= shared.scanned_at):
@@ -441,10 +463,11 @@ class RedisIndexStore:
             await asyncio.wait_for(self._redis.aclose(), _CLOSE_WAIT)
 
 
-def open_store(url: str | None, ttl: float) -> IndexStore:
-    """``None``: this process's cache; ``redis://...`` (or ``rediss://``): a shared one."""
+def open_store(url: str | None, ttl: float, *, max_bytes: int = DEFAULT_MAX_BYTES) -> IndexStore:
+    """``None``: this process's cache; ``redis://...`` (or ``rediss://``): a shared one
+    (its fallback, while Redis is down, keeps at most ``max_bytes`` here)."""
     if url is None:
-        return LocalIndexStore(ttl)
+        return LocalIndexStore(ttl, max_bytes=max_bytes)
     if not url.startswith(("redis://", "rediss://", "unix://")):
         raise InvalidInputError(f"--cache {url!r}: expected redis://HOST:PORT[/DB]")
-    return RedisIndexStore(url, ttl)
+    return RedisIndexStore(url, ttl, max_bytes=max_bytes)

@@ -11,6 +11,20 @@ fields, body): no byte a caller sends is copied onto an upstream connection as i
 caller cannot smuggle a second request onto a kept-alive connection another caller shares.
 A production deployment puts nginx in front for the bytes (``deploy/nginx/``); this path is
 what the proxy serves alone.
+
+No caller can hold the connections that others need, nor get another's answer:
+- A manifest PUT is read whole (up to ``ProxyLimits.manifest_bytes``) before any upstream
+  connection is taken: a caller sending it slowly holds none. A blob upload, which may be
+  any size, streams up through a pool of its own (``ProxyLimits.upload_connections``), so
+  hanging uploads leave reads (manifests, blobs, scans) their connections; an upload that
+  finds its pool full waits up to the upstream time-out, then gets 503.
+- No upstream connection carries two answers: each is closed once its answer ends. httpcore
+  (1.0.9, with h11 0.16) keeps whatever an upstream sent past an answer's Content-Length on
+  a kept-alive connection and reads it as the answer to the next request sent on it: bytes
+  of one tenant's blob or config, miscounted by a registry, would be another caller's
+  manifest (passed through, or read by a scan into a cached index). Its public API cannot
+  tell such an answer apart, so the proxy gives up keep-alive upstream (a TCP connect per
+  answer; a TLS handshake too for an https upstream).
 """
 
 from __future__ import annotations
@@ -31,8 +45,11 @@ from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.extension import PROPERTIES_HEADER
 from docker_variant.oci.http import USER_AGENT, async_client, async_transport
 from docker_variant.oci.mediatypes import MANIFEST_ACCEPT
+from docker_variant.proxy.limits import ProxyLimits
 from docker_variant.proxy.names import Route, RouteKind
 from docker_variant.proxy.responses import upstream_error
+from docker_variant.server.bodies import BodyTooLargeError, read_body
+from docker_variant.server.errors import oci_error
 
 __all__ = [
     "BorrowedTransport",
@@ -156,7 +173,7 @@ class StreamedResponse(Response):
                 }
             )
             if scope["method"] == "HEAD" or self.status_code in (204, 304):
-                # framed as empty: read to its end, so the connection stays in the pool
+                # framed as empty: read to its end, so the connection is released
                 await self._upstream.aread()
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
@@ -189,8 +206,10 @@ def has_body(request: Request) -> bool:
 
 
 class Upstream:
-    """The upstream registry: its base URL and the one pooled httpx client every request up
-    goes through (pass-through, scans, authorisation checks, health probes)."""
+    """The upstream registry: its base URL and three pools of connections to it, each
+    connection closed after one answer (see the module's notes): scans, authorisation checks
+    and health probes (``transport``, ``client``); pass-through reads and manifest writes
+    (``reads``); streamed uploads (``uploads``). Apart, none of them starves the others."""
 
     def __init__(
         self,
@@ -199,14 +218,15 @@ class Upstream:
         timeout: float = 30.0,
         connect_timeout: float = 10.0,
         max_connections: int = 256,
+        limits: ProxyLimits | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.limits = limits or ProxyLimits()
         self.prefix = httpx.URL(self.base_url).path.rstrip("/")
+        # keep-alive off in every pool: no connection outlives the answer it carried
         self.transport = async_transport(
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=0)
         )
         # No read time-out: a blob body may take as long as it takes. Requests get a
         # deadline for their response headers instead (see forward).
@@ -215,9 +235,27 @@ class Upstream:
             timeout=httpx.Timeout(None, connect=connect_timeout),
             follow_redirects=False,
         )
+        self.reads = async_client(
+            transport=async_transport(
+                limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=0)
+            ),
+            timeout=httpx.Timeout(None, connect=connect_timeout),
+            follow_redirects=False,
+        )
+        uploads = self.limits.upload_connections
+        self.uploads = async_client(
+            transport=async_transport(
+                limits=httpx.Limits(max_connections=uploads, max_keepalive_connections=0)
+            ),
+            # an upload waits for its pool's next free connection up to the time-out
+            timeout=httpx.Timeout(None, connect=connect_timeout, pool=timeout),
+            follow_redirects=False,
+        )
 
     async def aclose(self) -> None:
         await self.client.aclose()
+        await self.reads.aclose()
+        await self.uploads.aclose()
 
     def url(self, path: str, query: bytes = b"") -> httpx.URL:
         text = f"{self.base_url}{path}"
@@ -280,24 +318,49 @@ class Upstream:
         headers = forwarded_headers(request.scope["headers"])
         if not any(name == b"user-agent" for name, _ in headers):
             headers.append((b"user-agent", _USER_AGENT))
+        content: bytes | AsyncIterator[bytes] | None = None
+        client = self.reads
+        try:
+            if body and route.kind is RouteKind.MANIFEST:
+                # whole before it goes up: a caller sending slowly holds no connection
+                content = await read_body(request, self.limits.manifest_bytes)
+            elif body:
+                content, client = _request_body(request), self.uploads
+        except BodyTooLargeError as exc:
+            return oci_error(
+                413,
+                ErrorCode.SIZE_INVALID,
+                f"{what}: the manifest is too large: {exc} (--limit manifest-bytes)",
+                headers={"Connection": "close"},  # the rest of the body is not read
+            )
+        except ClientDisconnect:
+            return Response(status_code=499)
         # A plain httpx.Request, not the client's build_request: the client's default
         # headers (Accept, Accept-Encoding, Connection) are not the caller's to send.
         upstream_request = httpx.Request(
             method,
             self.url(route.upstream_path(), request.scope.get("query_string", b"")),
             headers=headers,
-            content=_request_body(request) if body else None,
-            extensions={"timeout": self.client.timeout.as_dict()},  # connecting is timed
+            content=content,
+            extensions={"timeout": client.timeout.as_dict()},  # connecting is timed
         )
         try:
-            if body:
+            if client is self.uploads:
                 # An upload lasts as long as the caller sends; only connecting is timed.
-                response = await self.client.send(upstream_request, stream=True)
+                response = await client.send(upstream_request, stream=True)
             else:
                 async with asyncio.timeout(self.timeout):
-                    response = await self.client.send(upstream_request, stream=True)
+                    response = await client.send(upstream_request, stream=True)
         except ClientDisconnect:
             return Response(status_code=499)  # nobody is left to read it
+        except httpx.PoolTimeout:
+            return upstream_error(
+                503,
+                ErrorCode.UNAVAILABLE,
+                f"{what}: {self.limits.upload_connections} uploads are in flight, the most "
+                "this proxy sends upstream at once (--limit upload-connections); retry later",
+                {"Retry-After": "5"},
+            )
         except (TimeoutError, httpx.TimeoutException):
             return upstream_error(
                 504, ErrorCode.UNAVAILABLE, f"{what}: the upstream registry timed out"

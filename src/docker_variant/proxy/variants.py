@@ -21,7 +21,7 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
-from docker_variant.errors import InvalidInputError
+from docker_variant.errors import DockerVariantError, InvalidInputError
 from docker_variant.jsondoc import load_json
 from docker_variant.oci.client import RegistryClient
 from docker_variant.oci.errcode import ErrorCode
@@ -33,6 +33,7 @@ from docker_variant.oci.errors import (
 )
 from docker_variant.oci.extension import EXTENSION, LABEL_HEADER, PROPERTIES_HEADER
 from docker_variant.oci.grammar import is_digest
+from docker_variant.oci.offload import off_loop
 from docker_variant.oci.scan import read_version
 from docker_variant.proxy.cache import CachedIndex, IndexStore, Key
 from docker_variant.proxy.metrics import ProxyMetrics
@@ -205,10 +206,17 @@ class VariantService:
                 transport=BorrowedTransport(self.upstream.transport),
                 # 429s are waited out only well within the scan's own deadline
                 rate_limit_wait=self.upstream.timeout / 3,
+                limits=self.upstream.limits.reads(),
             ) as client,
         ):
             index = await read_version(client, name, version)
-        body = json.dumps(index.to_json(), sort_keys=True).encode()
+            body = await off_loop(_document, index)  # a large index: off the event loop
+        limit = self.upstream.limits.index_bytes
+        if len(body) > limit:
+            raise DockerVariantError(
+                f"the index document is {len(body)} bytes; at most {limit} are served "
+                "(--limit index-bytes)"
+            )
         entry = CachedIndex(
             index, body, time.monotonic() + self.cache.ttl, authorization is None, time.time()
         )
@@ -289,6 +297,10 @@ class VariantService:
         )
         target = Route(RouteKind.MANIFEST, route.name, best.digest if by_digest else best.tag)
         return await self.upstream.forward(request, target, extra_headers=extra)
+
+
+def _document(index: VariantIndex) -> bytes:
+    return json.dumps(index.to_json(), sort_keys=True).encode()
 
 
 def _shareable(entry: CachedIndex | None, authorization: str | None) -> TypeGuard[CachedIndex]:
