@@ -5,6 +5,7 @@ that does not come in time closes its connection, and idle connections are close
 
 from __future__ import annotations
 
+import resource
 import socket
 import threading
 import time
@@ -15,6 +16,7 @@ import httpx
 import pytest
 
 import devstack
+from proxyrunner import eventually
 
 SERVERS = ["proxy", "scheduler"]
 SECRET = "a-notify-secret-of-some-length"
@@ -254,4 +256,30 @@ def test_a_body_arriving_steadily_is_not_cut(tmp_path: Path) -> None:
         answer = httpx.put(f"{service.url}/v1/agents/node-1", content=chunks(), timeout=30)
         assert answer.status_code == 400, answer.text
     finally:
+        service.stop()
+
+
+def test_idle_sockets_past_the_servers_file_limit_are_shed(tmp_path: Path, kind: str) -> None:
+    """The report's case: more idle connections than the server may open files. Silent
+    ones are closed after --head-timeout, so an honest /healthz gets through again."""
+    service = _start(kind, tmp_path / "s", "--head-timeout", "1")
+    idle: list[socket.socket] = []
+    try:
+        resource.prlimit(service.process.pid, resource.RLIMIT_NOFILE, (100, 100))
+        for _ in range(150):
+            idle.append(socket.create_connection(_address(service), timeout=10))
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(f"{service.url}/healthz", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        eventually(healthy, 30, "/healthz answered with 150 idle sockets open")
+        for sock in idle:
+            _, closed = _read_until_closed(sock, 30)
+            assert closed
+    finally:
+        for sock in idle:
+            sock.close()
         service.stop()
