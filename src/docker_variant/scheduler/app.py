@@ -29,7 +29,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -111,6 +111,8 @@ def _guard(handler: Endpoint) -> Endpoint:
             return oci_error(503, ErrorCode.DATABASE_UNAVAILABLE, str(exc))
         except RegistryError as exc:
             return _registry_failure(exc)
+        except ClientDisconnect:  # gone, or cut off by --body-timeout (408): nobody reads this
+            return oci_error(400, ErrorCode.INVALID_INPUT, "the request body was cut short")
         except Exception as exc:
             _log.exception("%s %s failed", request.method, request.url.path)
             return oci_error(
