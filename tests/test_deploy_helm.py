@@ -280,3 +280,46 @@ def test_the_policy_lets_the_agent_change_only_its_own_nodes_prefix_labels(
         assert failed == []
     else:
         assert failed and all(refused in message for message in failed[:1]), failed
+
+
+def _args(container: dict[str, Any]) -> dict[str, str]:
+    return dict(a.split("=", 1) for a in container["args"] if "=" in a)
+
+
+def test_both_servers_run_with_their_connection_limits() -> None:
+    """The chart passes each server's limits; the defaults are the servers' own, and the
+    nginx front it carries times heads, bodies and idle connections as the proxy does."""
+    from docker_variant.proxy.__main__ import LIMITS
+    from docker_variant.scheduler.__main__ import _parser
+
+    objects = _by_key(_template("proxy.limits.headTimeout=10", "scheduler.limits.keepAlive=7"))
+    pods = {
+        name: objects[("Deployment", name)]["spec"]["template"]["spec"]
+        for name in ("variant-proxy", "variant-scheduler")
+    }
+    (proxy,) = [c for c in pods["variant-proxy"]["containers"] if c["name"] == "variant-proxy"]
+    assert _args(proxy)["--head-timeout"] == "10"
+    assert _args(pods["variant-scheduler"]["containers"][0])["--keep-alive"] == "7"
+    defaults = _by_key(_template())
+    proxy_spec = defaults[("Deployment", "variant-proxy")]["spec"]["template"]["spec"]
+    (proxy,) = [c for c in proxy_spec["containers"] if c["name"] == "variant-proxy"]
+    given = _args(proxy)
+    assert int(given["--max-head-bytes"]) == LIMITS.max_head_bytes
+    assert float(given["--head-timeout"]) == LIMITS.head_timeout
+    assert float(given["--body-timeout"]) == LIMITS.body_timeout
+    assert float(given["--keep-alive"]) == LIMITS.keep_alive
+    assert int(given["--max-connections"]) == LIMITS.max_connections
+    scheduler = defaults[("Deployment", "variant-scheduler")]["spec"]["template"]["spec"]
+    given = _args(scheduler["containers"][0])
+    serve = _parser().parse_args(["serve"])
+    for flag, value in given.items():
+        attribute = flag.removeprefix("--").replace("-", "_")
+        if attribute in ("max_head_bytes", "head_timeout", "body_timeout", "keep_alive",
+                         "max_connections"):  # fmt: skip
+            assert float(value) == getattr(serve, attribute), flag
+    front = defaults[("ConfigMap", "variant-proxy-nginx")]["data"]["variant-proxy.conf"]
+    assert f"client_header_timeout {LIMITS.head_timeout:g}s;" in front
+    assert f"client_body_timeout {LIMITS.body_timeout:g}s;" in front
+    assert f"keepalive_timeout {LIMITS.keep_alive:g}s;" in front
+    assert "large_client_header_buffers 4 64k;" in front  # 4 x 64k: the proxy's head
+    assert LIMITS.max_head_bytes == 4 * 64 * 1024

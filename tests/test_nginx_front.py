@@ -4,7 +4,9 @@ proxy mode) between the proxy and a remote registry reads each blob from the rem
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,3 +80,33 @@ def test_a_pull_through_cache_behind_the_proxy_reads_the_remote_once(tmp_path: P
     finally:
         for service in (proxy, mirror, remote):
             service.stop()
+
+
+def test_the_front_refuses_a_head_flood_and_times_what_the_proxy_times(
+    deployment: dict[str, devstack.Service],
+) -> None:
+    """The shipped front bounds a request head (4 x 64k, the proxy's limit) and times heads,
+    bodies and idle connections as variant-proxy does; a 100 MiB head is refused at once."""
+    from docker_variant.proxy.__main__ import LIMITS
+
+    text = devstack.NGINX_FRONT.read_text()
+    assert f"client_header_timeout {LIMITS.head_timeout:g}s;" in text
+    assert f"client_body_timeout {LIMITS.body_timeout:g}s;" in text
+    assert f"keepalive_timeout {LIMITS.keep_alive:g}s;" in text
+    assert "large_client_header_buffers 4 64k;" in text and LIMITS.max_head_bytes == 4 << 16
+    assert "reset_timedout_connection on;" in text
+    host, port = deployment["nginx"].address.rsplit(":", 1)
+    answer = b""
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"GET /v2/ HTTP/1.1\r\nHost: p\r\n")
+        try:
+            for _ in range(1600):  # 100 MiB of small header fields
+                sock.sendall(b"X-A: b\r\n" * 8192)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        with contextlib.suppress(ConnectionResetError, TimeoutError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    # nginx's 400 (Request Header Or Cookie Too Large), or a reset that took it along
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert httpx.get(f"{deployment['nginx'].url}/healthz", timeout=10).status_code == 200

@@ -26,10 +26,12 @@ from docker_variant.proxy.app import (
 )
 from docker_variant.proxy.limits import ProxyLimits, names, parse_limit
 from docker_variant.proxy.metrics import AccessLines
+from docker_variant.server.limits import ConnectionLimits, limited, uvicorn_limits
 from docker_variant.server.logs import configure_logging
 from docker_variant.server.net import bind_socket, parse_listen
 from docker_variant.server.options import (
     ServerArgumentParser,
+    add_connection_limit_arguments,
     add_duration_argument,
     add_listen_argument,
     add_log_level_argument,
@@ -41,6 +43,9 @@ from docker_variant.server.options import (
 __all__ = ["main", "server_config"]
 
 DEFAULT_LISTEN = "127.0.0.1:5080"
+#: The proxy's connection limits; the rest are ``ConnectionLimits``' defaults. A head may
+#: carry a 64 KiB X-Variant-Properties; the nginx front takes 4 x 64k of header lines.
+LIMITS = ConnectionLimits(max_head_bytes=256 << 10, keep_alive=30)
 CACHE_ENV = "VARIANT_PROXY_CACHE"
 NOTIFY_ENV = "VARIANT_PROXY_NOTIFY_SECRET"
 
@@ -107,6 +112,9 @@ def _parser() -> argparse.ArgumentParser:
         + "; see docs/security.md",
     )
     add_tls_arguments(parser, client_ca=False)
+    add_connection_limit_arguments(
+        parser, max_head_bytes=LIMITS.max_head_bytes, keep_alive=LIMITS.keep_alive
+    )
     add_version_argument(parser)
     return parser
 
@@ -115,17 +123,19 @@ def _logs_info(level: str) -> bool:
     return logging.getLevelName(level.upper()) in (logging.DEBUG, logging.INFO)
 
 
-def server_config(app: Starlette, log_level: str = "info", **tls: Any) -> uvicorn.Config:
+def server_config(
+    app: Starlette, log_level: str = "info", limits: ConnectionLimits = LIMITS, **tls: Any
+) -> uvicorn.Config:
     """How the proxy runs under uvicorn (also used by the tests); ``tls``: ``tls_options``."""
     return uvicorn.Config(
-        app,
+        limited(app, limits),
         log_config=None,  # our JSON logging (see _configure_logging)
         log_level=log_level,
         access_log=False,  # AccessLog writes one JSON line per request instead
         lifespan="on",
         server_header=False,
         date_header=False,  # pass the upstream's Date; AccessLog adds ours where none
-        timeout_keep_alive=30,  # clients pulling layer after layer reuse connections
+        **uvicorn_limits(limits),  # clients pulling layer after layer reuse connections
         **tls,
     )
 
@@ -160,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"cannot listen on {args.listen}: {reason}")
 
     configure_logging(args.log_level)
-    config = server_config(app, args.log_level, **tls)
+    config = server_config(app, args.log_level, ConnectionLimits.from_args(args), **tls)
     bound = sock.getsockname()
     logging.getLogger("docker_variant.proxy").info(
         "variant-proxy %s on %s:%s for %s, cache %s",

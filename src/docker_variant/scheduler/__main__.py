@@ -23,6 +23,7 @@ from docker_variant.agent.command import add_agent_command, run_agent_command
 from docker_variant.errors import InvalidInputError, UnreachableError, one_line
 from docker_variant.server.options import (
     ServerArgumentParser,
+    add_connection_limit_arguments,
     add_duration_argument,
     add_listen_argument,
     add_log_level_argument,
@@ -112,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
         f"${MAX_REQUEST_ENV}, else {DEFAULT_MAX_REQUEST}; 0: no limit)",
     )
     add_tls_arguments(serve, client_ca=True)
+    add_connection_limit_arguments(serve, max_head_bytes=64 << 10, keep_alive=5)
     add_log_level_argument(serve)
     add_agent_command(commands)
     _add_what_if_command(commands)
@@ -231,6 +233,7 @@ def _serve(args: Any, error: Callable[[str], Any]) -> int:
     from docker_variant.scheduler.database import DatabaseUnavailableError
     from docker_variant.scheduler.store import Store
     from docker_variant.scheduler.tokens import load_tokens
+    from docker_variant.server.limits import ConnectionLimits, limited, uvicorn_limits
     from docker_variant.server.logs import configure_logging
     from docker_variant.server.net import bind_socket, is_loopback, parse_listen
 
@@ -277,12 +280,14 @@ def _serve(args: Any, error: Callable[[str], Any]) -> int:
         if tls
         else "plain HTTP",
     )
+    limits = ConnectionLimits.from_args(args)
     config = uvicorn.Config(
-        create_app(store, tokens=tokens, registries=registries),
+        limited(create_app(store, tokens=tokens, registries=registries), limits),
         log_config=None,
         log_level=args.log_level,
         lifespan="off",
         server_header=False,
+        **uvicorn_limits(limits),
         **tls,
     )
     try:

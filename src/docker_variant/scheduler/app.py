@@ -30,7 +30,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -122,6 +122,8 @@ def _guard(handler: Endpoint) -> Endpoint:
             return oci_error(503, ErrorCode.DATABASE_UNAVAILABLE, str(exc))
         except RegistryError as exc:
             return _registry_failure(exc)
+        except ClientDisconnect:  # gone, or cut off by --body-timeout (408): nobody reads this
+            return oci_error(400, ErrorCode.INVALID_INPUT, "the request body was cut short")
         except Exception as exc:
             _log.exception("%s %s failed", request.method, request.url.path)
             return oci_error(
@@ -148,7 +150,9 @@ def _registry_failure(exc: RegistryError) -> Response:
 
 
 async def _json_body(request: Request) -> Any:
-    return load_json(await read_body(request, _MAX_BODY), "request body")
+    # bodies are read off the event loop, as each parse_* of them: 16 MiB takes seconds,
+    # which on the loop would hold /healthz and every heartbeat
+    return await run_in_threadpool(load_json, await read_body(request, _MAX_BODY), "request body")
 
 
 def create_app(
@@ -195,7 +199,7 @@ def create_app(
         who = caller(request, "agent")
         if not who.may_report(agent_id):
             raise _Forbidden(f"the token of agent {who.agent_id!r} may not report {agent_id!r}")
-        report = parse_agent_report(await _json_body(request), agent_id)
+        report = await run_in_threadpool(parse_agent_report, await _json_body(request), agent_id)
         return JSONResponse(await run_in_threadpool(store.report_agent, report))
 
     @_guard
@@ -274,7 +278,8 @@ def create_app(
     @_guard
     async def post_placement(request: Request) -> Response:
         who = caller(request, "client")
-        wanted = parse_placement_body(await read_body(request, _MAX_BODY))
+        body = await read_body(request, _MAX_BODY)
+        wanted = await run_in_threadpool(parse_placement_body, body)  # off the loop: see _json_body
         index, image_of = await target_of(wanted)
         outcome = await run_in_threadpool(store.place, index, wanted, image_of, who.name)
         if isinstance(outcome, Refusal):
@@ -288,7 +293,7 @@ def create_app(
     @_guard
     async def post_what_if(request: Request) -> Response:
         caller(request, "client")  # as a placement: it reveals no more than one would
-        question = parse_what_if(await _json_body(request))
+        question = await run_in_threadpool(parse_what_if, await _json_body(request))
         wanted = question.request
         index, _ = await target_of(wanted)
         started = time.perf_counter()

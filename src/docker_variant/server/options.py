@@ -19,16 +19,24 @@ if TYPE_CHECKING:
 __all__ = [
     "LOG_LEVELS",
     "ServerArgumentParser",
+    "add_connection_limit_arguments",
     "add_duration_argument",
     "add_listen_argument",
     "add_log_level_argument",
     "add_tls_arguments",
     "add_version_argument",
+    "count",
     "seconds",
     "tls_options",
 ]
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# The connection limits' defaults (``server.limits``) that both servers share.
+MAX_HEADER_FIELDS = 256
+HEAD_TIMEOUT = 30.0
+BODY_TIMEOUT = 60.0
+MIN_BODY_RATE = 1024
+MAX_CONNECTIONS = 1000
 
 
 def _terminal_columns() -> int:
@@ -78,6 +86,86 @@ def seconds(what: str, minimum: float, strict: bool) -> type[float]:
 
     convert.__name__ = what
     return convert  # type: ignore[return-value]
+
+
+def count(what: str, minimum: int) -> type[int]:
+    """An argparse ``type``: a whole number ``>= minimum``, else an error naming ``what``."""
+
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} {text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{what} must be >= {minimum}, got {text!r}")
+        return value
+
+    convert.__name__ = what
+    return convert  # type: ignore[return-value]
+
+
+def add_connection_limit_arguments(
+    parser: argparse.ArgumentParser, *, max_head_bytes: int, keep_alive: float
+) -> None:
+    """What one connection may cost the server (``server.limits``: the head's size and
+    fields, how long a head and a body may take, idle keep-alive, connections at once)."""
+    parser.add_argument(
+        "--max-head-bytes",
+        type=count("max head bytes", 1024),
+        default=max_head_bytes,
+        metavar="BYTES",
+        help="a request head (request line and header fields) over this is refused with 431 "
+        "(default %(default)d)",
+    )
+    parser.add_argument(
+        "--max-header-fields",
+        type=count("max header fields", 1),
+        default=MAX_HEADER_FIELDS,
+        metavar="N",
+        help="a request with more header fields is refused with 400 (default %(default)d)",
+    )
+    add_duration_argument(
+        parser,
+        "--head-timeout",
+        what="head timeout",
+        strict=True,
+        default=HEAD_TIMEOUT,
+        help="close a connection whose request head is not whole this long after its first "
+        "byte, or after the connection opened (default %(default)g)",
+    )
+    add_duration_argument(
+        parser,
+        "--body-timeout",
+        what="body timeout",
+        strict=True,
+        default=BODY_TIMEOUT,
+        help="answer 408 and close when a request body is silent this long, or comes slower "
+        "than --min-body-rate after that long (default %(default)g)",
+    )
+    parser.add_argument(
+        "--min-body-rate",
+        type=count("min body rate", 0),
+        default=MIN_BODY_RATE,
+        metavar="BYTES_PER_S",
+        help="the least average rate of a request body past --body-timeout (default "
+        "%(default)d; 0: silences alone are timed)",
+    )
+    add_duration_argument(
+        parser,
+        "--keep-alive",
+        what="keep-alive",
+        strict=False,
+        default=keep_alive,
+        help="close a connection idle this long between requests (default %(default)g)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=count("max connections", 1),
+        default=MAX_CONNECTIONS,
+        metavar="N",
+        help="with this many connections or requests open, new requests get 503 "
+        "(default %(default)d)",
+    )
 
 
 def add_listen_argument(parser: argparse.ArgumentParser, default: str) -> None:

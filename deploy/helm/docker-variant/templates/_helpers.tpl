@@ -9,3 +9,12 @@ app.kubernetes.io/name: {{ . }}
 app.kubernetes.io/part-of: docker-variant
 {{- end -}}
 
+
+{{/* A server's connection-limit arguments, from its values' limits (docs/security.md). */}}
+{{- define "docker-variant.limitArgs" -}}
+- --max-head-bytes={{ int .maxHeadBytes }}
+- --head-timeout={{ .headTimeout }}
+- --body-timeout={{ .bodyTimeout }}
+- --keep-alive={{ .keepAlive }}
+- --max-connections={{ int .maxConnections }}
+{{- end -}}
