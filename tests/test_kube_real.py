@@ -436,3 +436,52 @@ def test_every_selector_compiles_within_the_cost_limit() -> None:
     costly = {e: v["max_cost"] for e, v in verdicts.items() if v["max_cost"] > v["cost_limit"]}
     assert not costly
     assert len(verdicts) == len(expressions)
+
+
+def _doc_commands(heading: str) -> str:
+    """The shell lines of the first ``sh`` block under ``heading`` in the Kubernetes page."""
+    page = (REPO / "docs" / "reference" / "kubernetes.md").read_text()
+    section = page[page.index(heading) :]
+    block = section[section.index("```sh\n") + 6 :]
+    return block[: block.index("```")]
+
+
+def test_a_pod_learns_its_variant_as_the_docs_say(
+    kube: Any, kube_api: httpx.Client, tmp_path: Path
+) -> None:
+    """The commands of "Which variant a pod got", run verbatim with kubectl against the real
+    control plane, name the image tag of the variant the pod's devices were allocated for."""
+    if not KUBECTL.is_file():
+        pytest.skip("kubectl comes from scripts/k8s-tools (run by scripts/setup)")
+    load_nodes(kube_api, "mi300x")
+    ns = namespace_of(kube_api)
+    rocm_app = EXAMPLES / "rocm-app-1.0.0.json"
+    (template,) = printed("k8s", "claim", "--index", str(rocm_app), "--count", "1")
+    kubeplane.create(kube_api, template, ns)
+    kubeplane.create(kube_api, pod("app", template["metadata"]["name"]), ns)
+    allocation(kube_api, "app")
+    config = json.loads(kube.kubeconfig.read_text())
+    config["contexts"][0]["context"]["namespace"] = ns
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps(config))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "kubectl").symlink_to(KUBECTL)
+    commands = _doc_commands("### Which variant a pod got")
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", commands],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "POD": "app",
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        },
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "gpu/rocm72"
+    assert json.loads(lines[1])["rocm72"] == ["1.0.0-rocm72"]
+    assert lines[2] == "1.0.0-rocm72"
