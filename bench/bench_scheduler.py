@@ -54,14 +54,14 @@ from baseline import variantlib_order
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "devtools"))
 import devstack
+from docker_variant.planner.placement import Judge, Plan, plan
+from docker_variant.planner.pool import Pool, build_pool, profile_key
 from docker_variant.providers.nvidia import nvidia_features
 from docker_variant.scheduler import Store
 from docker_variant.scheduler.documents import AgentReport, PlacementRequest
 from docker_variant.scheduler.models import agents as agent_table
 from docker_variant.scheduler.models import devices as device_table
 from docker_variant.scheduler.models import profiles as profile_table
-from docker_variant.scheduler.placement import Judge, Plan, plan
-from docker_variant.scheduler.pool import Pool, build_pool, profile_key
 from docker_variant.variant import Variant, VariantIndex
 from docker_variant.variant.index import ImageRef
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from docker_variant.errors import InvalidInputError
-from docker_variant.scheduler.placement import (
+from docker_variant.planner.placement import (
     DeviceClass,
     Judge,
     NodeAllocation,
@@ -20,7 +20,7 @@ from docker_variant.scheduler.placement import (
     Refusal,
     candidate_key,
 )
-from docker_variant.scheduler.pool import Device, Node, Pool, ProfileKey, natural_key
+from docker_variant.planner.pool import Device, Node, Pool, ProfileKey, natural_key
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.platform import Platform
 from docker_variant.variant.selection import Candidate, select

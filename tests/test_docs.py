@@ -82,7 +82,9 @@ def test_every_command_and_option_is_in_the_cli_reference() -> None:
     programs = [("variant-proxy",), ("variant-scheduler", "serve"), ("variant-scheduler", "agent"),
                 ("variant-scheduler", "what-if"), ("docker-variant",)]  # fmt: skip
     programs += [("docker-variant", c) for c in commands if c != "k8s"]
-    programs += [("docker-variant", "k8s", c) for c in ("claim", "node-labels", "containerd-hosts")]
+    programs += [
+        ("docker-variant", "k8s", c) for c in ("claim", "gang", "node-labels", "containerd-hosts")
+    ]
     reference += (DOCS / "reference/kubernetes.md").read_text()
     for program in programs:
         text = _help(str(BIN / program[0]), *program[1:], "--help")

@@ -43,6 +43,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("oci",),
     ("docker",),
     ("contents",),
+    ("planner",),  # the pure planner the scheduler and ``k8s gang`` share
     ("publish", "k8s"),
     ("server",),
     ("proxy", "scheduler"),

@@ -307,8 +307,8 @@ def test_a_refusal_of_a_prepared_statement_is_a_lost_race_and_rolls_back(
 
 
 def test_a_plan_made_on_stale_state_does_not_commit_and_is_replanned(store: Store) -> None:
+    from docker_variant.planner.placement import Plan, plan
     from docker_variant.scheduler.documents import parse_agent_report, parse_placement_request
-    from docker_variant.scheduler.placement import Plan, plan
 
     store.report_agent(parse_agent_report(agent_body(H200_R570, 2), "node"))
     index = VariantIndex.from_json(INDEX, "index")
@@ -539,8 +539,8 @@ def test_only_reports_that_change_something_invalidate_the_pool(store: Store) ->
 def test_placement_gives_up_after_losing_every_race(
     sqlite_store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from docker_variant.planner.placement import Refusal
     from docker_variant.scheduler.documents import parse_agent_report, parse_placement_request
-    from docker_variant.scheduler.placement import Refusal
 
     sqlite_store.report_agent(parse_agent_report(agent_body(H200_R570, 2), "node"))
     monkeypatch.setattr(sqlite_store, "attempts", 2)

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 from docker_variant.errors import InvalidInputError
+from docker_variant.planner.placement import Plan, Refusal, plan
+from docker_variant.planner.pool import Device, Node, Pool, profile_key
 from docker_variant.scheduler import Store
 from docker_variant.scheduler.documents import (
     PlacementRequest,
     parse_agent_report,
     parse_placement_request,
 )
-from docker_variant.scheduler.placement import Plan, Refusal, plan
-from docker_variant.scheduler.pool import Device, Node, Pool, profile_key
 from docker_variant.variant import VariantIndex
 from docker_variant.variant.model import SupportedLists
 from scheduler_reference import reference_plan

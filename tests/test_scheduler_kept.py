@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from docker_variant.scheduler.kept import Kept
+from docker_variant.planner.kept import Kept
 
 
 def test_the_least_recently_used_goes_first_and_is_reported() -> None:

@@ -12,8 +12,8 @@ import pytest
 
 from docker_variant.errors import InvalidInputError
 from docker_variant.k8s.claim import virtual_host
-from docker_variant.scheduler.placement import BARE, Judge, Plan, Refusal, plan
-from docker_variant.scheduler.pool import Pool, build_pool
+from docker_variant.planner.placement import BARE, Judge, Plan, Refusal, plan
+from docker_variant.planner.pool import Pool, build_pool
 from docker_variant.variant import VariantIndex, select
 from test_scheduler_support import (
     A100_R535,

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from docker_variant.errors import InvalidInputError
+from docker_variant.planner.placement import Plan, Refusal, plan
+from docker_variant.planner.pool import build_pool
 from docker_variant.scheduler import Store
 from docker_variant.scheduler.documents import parse_agent_report
-from docker_variant.scheduler.placement import Plan, Refusal, plan
-from docker_variant.scheduler.pool import build_pool
 from docker_variant.variant import VariantIndex
 from test_scheduler_api import client_for, put_agent, store
 from test_scheduler_support import H200_R570, X86_V4, agent_body, agent_report

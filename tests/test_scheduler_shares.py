@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy import insert, update
 from sqlalchemy.exc import IntegrityError
 
+from docker_variant.planner.placement import Judge, Plan, Refusal, plan
+from docker_variant.planner.pool import Pool, build_pool, pool_shares
 from docker_variant.scheduler.documents import SHARE, AgentReport, parse_agent_report
 from docker_variant.scheduler.models import device_usage
-from docker_variant.scheduler.placement import Judge, Plan, Refusal, plan
-from docker_variant.scheduler.pool import Pool, build_pool, pool_shares
 from docker_variant.variant import VariantIndex
 from test_scheduler_api import client_for, place, put_agent
 from test_scheduler_support import (

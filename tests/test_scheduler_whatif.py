@@ -24,11 +24,11 @@ from hypothesis import HealthCheck, given, settings
 
 import devstack
 from conftest import RunningRegistry
+from docker_variant.planner.placement import Plan, plan
+from docker_variant.planner.pool import Pool, build_pool
 from docker_variant.scheduler import Store
 from docker_variant.scheduler.__main__ import main
 from docker_variant.scheduler.documents import SHARE, AgentReport
-from docker_variant.scheduler.placement import Plan, plan
-from docker_variant.scheduler.pool import Pool, build_pool
 from docker_variant.scheduler.tokens import load_tokens
 from docker_variant.scheduler.whatif import (
     MAX_VIRTUAL_DEVICES,

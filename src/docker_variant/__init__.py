@@ -17,8 +17,10 @@ The package map, bottom first. Each layer imports only its own layer and those b
 - ``oci``       the registry client (one HTTP client factory), the scan and the image index
 - ``docker``    the Docker engine: pull, push, tag, build, events
 - ``contents``  what an image's binaries need: tar, ELF, fatbin and offload parsers
+- ``planner``   the pure planner: the pool and the search that put one variant on a gang
+  (what ``variant-scheduler`` and ``k8s gang`` both plan with; no SQL, no HTTP)
 - ``publish`` and ``k8s``: the matrix build and the variant image index; DRA claims, node
-  labels and containerd hosts files
+  labels, containerd hosts files and gangs
 - ``server``    what both servers share: bounded bodies, options, TLS, logs, OCI error bodies
 - ``proxy`` and ``scheduler``: ``variant-proxy`` and ``variant-scheduler`` (which never detects)
 - ``agent``     the node agent: a scheduler client on top of ``providers``

@@ -1,4 +1,4 @@
-"""``k8s claim``, ``k8s node-labels`` and ``k8s containerd-hosts``."""
+"""``k8s claim``, ``k8s gang``, ``k8s node-labels`` and ``k8s containerd-hosts``."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ K8S_MAX_COUNT = 32
 
 k8s_app = typer.Typer(
     name="k8s",
-    help="Kubernetes: a DRA ResourceClaimTemplate, node labels, a containerd hosts.toml.",
+    help="Kubernetes: a DRA ResourceClaimTemplate, a gang on one variant, node labels, a containerd hosts.toml.",
     no_args_is_help=True,
 )
 
@@ -189,3 +189,159 @@ def k8s_containerd_hosts(
         sys.stdout.write(f"{path}\n")
     else:
         sys.stdout.write(text)
+
+
+K8S_MAX_PODS = 10_000  # k8s.gang.MAX_PODS (tests/test_kube_gang.py checks they agree)
+K8S_MAX_CLUSTER_BYTES = 64 << 20  # one --cluster file
+
+
+def _cluster_file(path: Path) -> list[object]:
+    """The YAML (or JSON) documents of one ``--cluster`` file, read bounded."""
+    import yaml  # type: ignore[import-untyped]  # PyYAML: lightkube brings it
+
+    from docker_variant.errors import InvalidInputError, one_line
+    from docker_variant.textdoc import decode_utf8, read_regular_file
+
+    what = f"--cluster {str(path)!r}"
+    try:
+        data = read_regular_file(path, K8S_MAX_CLUSTER_BYTES + 1)
+    except OSError as exc:
+        raise InvalidInputError(f"{what}: cannot read it ({exc.strerror or exc})") from None
+    if len(data) > K8S_MAX_CLUSTER_BYTES:
+        raise InvalidInputError(
+            f"{what}: larger than {K8S_MAX_CLUSTER_BYTES >> 20} MiB (the limit of one file)"
+        )
+    try:
+        return list(yaml.safe_load_all(decode_utf8(data, what, "YAML")))
+    except yaml.YAMLError as exc:
+        raise InvalidInputError(f"{what}: not YAML or JSON ({one_line(str(exc), 200)})") from None
+
+
+@k8s_app.command("gang")
+def k8s_gang(
+    ctx: typer.Context,
+    ref: Annotated[str | None, typer.Argument(help="registry/name:version")] = None,
+    index: IndexOpt = None,
+    pods: Annotated[
+        int,
+        typer.Option("--pods", min=1, max=K8S_MAX_PODS, help="Pods of the gang, one a node."),
+    ] = 1,
+    count: Annotated[
+        int,
+        typer.Option("--count", min=1, max=K8S_MAX_COUNT, help="Devices per pod (all alike)."),
+    ] = 1,
+    name: Annotated[
+        str | None,
+        typer.Option("--name", help="Name of every object (default: from the repository)."),
+    ] = None,
+    image: Annotated[
+        str | None,
+        typer.Option(
+            "--image", help="Repository the pods pull (default: REF's; --index needs it)."
+        ),
+    ] = None,
+    cluster: Annotated[
+        list[Path] | None,
+        typer.Option("--cluster", help="Read Nodes, ResourceSlices, ResourceClaims from files."),
+    ] = None,
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(
+            "--kubeconfig", help="Read the cluster here (default: in-cluster, $KUBECONFIG)."
+        ),
+    ] = None,
+    namespace: Annotated[
+        str | None,
+        typer.Option("--namespace", help="Namespace of the objects (default: the context's)."),
+    ] = None,
+    apply: Annotated[
+        bool,
+        typer.Option("--apply", help="Create the objects (strict field validation), not print."),
+    ] = False,
+) -> None:
+    """Plan a gang of pods on one variant, from the cluster's free devices, and print (or
+    --apply) a claim template, Workload, PodGroup and Indexed Job that hold it there."""
+    from docker_variant.errors import InvalidInputError
+    from docker_variant.extras import KUBERNETES
+    from docker_variant.oci.reference import parse_reference
+
+    KUBERNETES.require("docker-variant k8s gang")
+
+    from docker_variant.k8s.claim import check_dns_subdomain, dns_label
+    from docker_variant.k8s.gang import cluster_objects, gang_objects, plan_gang, read_cluster
+    from docker_variant.k8s.yamltext import dump_yaml
+    from docker_variant.planner.placement import Refusal
+
+    opts = options_of(ctx)
+    if cluster and (apply or kubeconfig is not None):
+        raise InvalidInputError(
+            "--cluster reads files: it goes with neither --apply nor --kubeconfig"
+        )
+    if name is not None:
+        check_dns_subdomain(name, "--name")
+        if len(name) > 63 or "." in name:
+            raise InvalidInputError(
+                f"--name {name!r}: a Job's name is a DNS label (no '.', at most 63)"
+            )
+    if namespace is not None:
+        check_dns_subdomain(namespace, "--namespace")
+    if image is not None:
+        repository = parse_reference(image)
+        if repository.tag or repository.digest:
+            raise InvalidInputError(
+                f"--image {image!r}: name the repository alone; the gang pins the variant's digest"
+            )
+    target = target_of(ref, index)
+    if image is None and target.reference is None:
+        raise InvalidInputError("--index needs --image REGISTRY/NAME: the repository the pods pull")
+    base = parse_reference(image) if image is not None else target.reference
+    assert base is not None
+    repository_text = f"{base.registry}/{base.repository}" if image is None else image
+    client = None
+    if cluster:
+        documents = [doc for path in cluster for doc in _cluster_file(path)]
+    else:
+        from docker_variant.k8s.apiserver import GANG_FIELD_MANAGER, cluster_state, connect
+
+        client = connect(kubeconfig, strict=True, field_manager=GANG_FIELD_MANAGER)
+        documents = list(cluster_state(client))
+    state = read_cluster(cluster_objects(documents))
+    found = plan_gang(target.index, state, pods, count)
+    if isinstance(found, Refusal):
+        sys.stderr.write(
+            f"docker-variant: no variant of {target.describe()} fits a gang of {pods} pods "
+            f"with {count} free device{'s' if count > 1 else ''} each now:\n"
+        )
+        for label, why in sorted(found.reasons.items()):
+            sys.stderr.write(safe_text(f"  {label}: {why}", markup=False) + "\n")
+        raise typer.Exit(1)
+    if not found.plan.candidate.digest:
+        warn(
+            f"images.{found.label}.digest is empty: the pods pull the variant's tag, which names "
+            "that variant but not its bytes"
+        )
+    objects = gang_objects(
+        target.index,
+        found,
+        name=name or dns_label(claim_name_hint(target, index), "gang"),
+        pods=pods,
+        count=count,
+        repository=repository_text,
+        source=str(target.reference) if target.reference is not None else index,
+    )
+    if apply:
+        from docker_variant.k8s.apiserver import create_all
+
+        assert client is not None
+        for created in create_all(client, objects, namespace):
+            sys.stdout.write(f"{created} created\n")
+        return
+    if namespace is not None:
+        for obj in objects:
+            obj["metadata"]["namespace"] = namespace
+    if opts.json:
+        emit_json(objects)
+    else:
+        sys.stdout.write(
+            "".join(("---\n" if i else "") + dump_yaml(o) for i, o in enumerate(objects))
+        )

@@ -4,6 +4,10 @@ The one module that does: everything else in ``k8s`` builds objects and is pure.
 node agent keeps its own Node's ``variant.pep817.dev/`` labels what ``node_labels`` says:
 a JSON merge patch of ``metadata.labels`` alone, adding and changing the prefix's labels and
 removing (``null``) those of the prefix that are stale, never touching another label.
+
+``k8s gang`` reads the cluster (``cluster_state``: Nodes, ResourceSlices, every namespace's
+ResourceClaims) and creates its objects (``create_all``) with ``fieldValidation=Strict``,
+as ``kubectl create --validate=strict``: an unknown field is refused, never dropped.
 """
 
 from __future__ import annotations
@@ -12,16 +16,26 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 from docker_variant.errors import InvalidInputError, UnreachableError, one_line
 from docker_variant.k8s.labels import LABEL_PREFIX
 
 if TYPE_CHECKING:
-    import httpx
     from lightkube import Client
 
-__all__ = ["FIELD_MANAGER", "NodeLabeller", "connect", "label_patch"]
+__all__ = [
+    "FIELD_MANAGER",
+    "NodeLabeller",
+    "StrictFields",
+    "cluster_state",
+    "connect",
+    "create_all",
+    "label_patch",
+]
 
 FIELD_MANAGER = "variant-agent"
+GANG_FIELD_MANAGER = "docker-variant-gang"
 REQUEST_TIMEOUT_S = 10.0
 
 
@@ -38,21 +52,35 @@ def label_patch(current: Mapping[str, str], wanted: Mapping[str, str]) -> dict[s
     return patch
 
 
-def connect(kubeconfig: Path | None = None, transport: httpx.BaseTransport | None = None) -> Client:
+def connect(
+    kubeconfig: Path | None = None,
+    transport: httpx.BaseTransport | None = None,
+    *,
+    strict: bool = False,
+    field_manager: str = FIELD_MANAGER,
+) -> Client:
     """A client with ``kubeconfig``'s current context, else the pod's service account (in
     a cluster), else ``$KUBECONFIG`` or ``~/.kube/config``. A configuration that cannot be
-    read is ``InvalidInputError``."""
-    import httpx
+    read is ``InvalidInputError``. ``strict``: every write asks ``fieldValidation=Strict``
+    (``StrictFields``)."""
     from lightkube import Client, KubeConfig
+    from lightkube.config.client_adapter import verify_cluster
 
-    extra: dict[str, Any] = {} if transport is None else {"transport": transport}
     try:
         if kubeconfig is not None:
             config = KubeConfig.from_file(kubeconfig)  # type: ignore[no-untyped-call]
         else:
             config = KubeConfig.from_env()  # type: ignore[no-untyped-call]
+        if strict:
+            if transport is None:
+                # the transport lightkube would make: the cluster's CA, the user's certificate
+                single = config.get()
+                verify = verify_cluster(single.cluster, single.user, single.abs_file)
+                transport = httpx.HTTPTransport(verify=verify)
+            transport = StrictFields(transport)
+        extra: dict[str, Any] = {} if transport is None else {"transport": transport}
         return Client(
-            config, timeout=httpx.Timeout(REQUEST_TIMEOUT_S), field_manager=FIELD_MANAGER, **extra
+            config, timeout=httpx.Timeout(REQUEST_TIMEOUT_S), field_manager=field_manager, **extra
         )
     # lightkube's loading raises ConfigError, OSError, YAML errors, KeyError or TypeError
     # on a malformed document: each is the file's fault, said in one line
@@ -76,7 +104,6 @@ class NodeLabeller:
     def sync(self, wanted: Mapping[str, str]) -> dict[str, str | None]:
         """Read the Node, patch what differs; the patch sent (empty: none was needed).
         ``UnreachableError`` when the apiserver cannot be reached or refuses."""
-        import httpx
         from lightkube import ApiError
         from lightkube.resources.core_v1 import Node
         from lightkube.types import PatchType
@@ -98,3 +125,70 @@ class NodeLabeller:
             raise UnreachableError(
                 f"node {self.node_name}: {one_line(str(exc)) or type(exc).__name__}"
             ) from None
+
+
+class StrictFields(httpx.BaseTransport):
+    """An httpx transport that asks ``fieldValidation=Strict`` of every write (lightkube's
+    ``create`` has no such parameter), then sends the request through ``inner``."""
+
+    def __init__(self, inner: httpx.BaseTransport) -> None:
+        self.inner = inner
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method in ("POST", "PUT", "PATCH"):
+            request.url = request.url.copy_merge_params({"fieldValidation": "Strict"})
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _refused(what: str, exc: Exception) -> UnreachableError:
+    from lightkube import ApiError
+
+    if isinstance(exc, ApiError):
+        status = exc.status
+        return UnreachableError(f"{what}: {status.code} {one_line(status.message or '', 300)}")
+    return UnreachableError(f"{what}: {one_line(str(exc)) or type(exc).__name__}")
+
+
+def cluster_state(client: Client) -> list[dict[str, Any]]:
+    """Every Node, ResourceSlice and ResourceClaim (of every namespace), as dicts."""
+    from lightkube import ALL_NS, ApiError
+    from lightkube.resources.core_v1 import Node
+    from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+    found: list[dict[str, Any]] = []
+    listings: list[tuple[str, Any]] = [
+        ("Node", lambda: client.list(Node)),
+        ("ResourceSlice", lambda: client.list(ResourceSlice)),
+        ("ResourceClaim", lambda: client.list(ResourceClaim, namespace=ALL_NS)),
+    ]
+    for kind, listing in listings:
+        try:
+            for obj in listing():
+                document: dict[str, Any] = obj.to_dict()
+                document.setdefault("kind", kind)
+                found.append(document)
+        except (ApiError, httpx.HTTPError) as exc:
+            raise _refused(f"listing {kind}s", exc) from None
+    return found
+
+
+def create_all(
+    client: Client, objects: list[dict[str, Any]], namespace: str | None = None
+) -> list[str]:
+    """Create ``objects`` in order (in ``namespace``, else the client's); ``kind/name`` of
+    each created. The first refusal stops, as ``UnreachableError`` naming the object."""
+    from lightkube import ApiError
+    from lightkube.codecs import from_dict
+
+    created = []
+    for document in objects:
+        what = f"{document['kind']}/{document['metadata']['name']}"
+        try:
+            client.create(from_dict(document), namespace=namespace)  # type: ignore[call-overload]
+        except (ApiError, httpx.HTTPError) as exc:
+            raise _refused(f"creating {what}", exc) from None
+        created.append(what)
+    return created

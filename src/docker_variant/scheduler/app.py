@@ -42,6 +42,7 @@ from docker_variant.oci.errors import NotFoundError, RegistryError
 from docker_variant.oci.reference import Reference, parse_reference
 from docker_variant.oci.source import fetch_index
 from docker_variant.openapi import document as openapi_document
+from docker_variant.planner.placement import Refusal
 from docker_variant.scheduler import ui
 from docker_variant.scheduler.database import DatabaseUnavailableError
 from docker_variant.scheduler.documents import (
@@ -50,7 +51,6 @@ from docker_variant.scheduler.documents import (
     parse_placement_body,
 )
 from docker_variant.scheduler.metrics import SchedulerMetrics
-from docker_variant.scheduler.placement import Refusal
 from docker_variant.scheduler.store import (
     STATES,
     QuotaExceededError,

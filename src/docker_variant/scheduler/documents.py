@@ -11,13 +11,14 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from docker_variant.api.names import DEFAULT_RESOURCE_GROUP, DEVICE_NAME, ID, check_agent_id
 from docker_variant.errors import InvalidInputError
 from docker_variant.jsondoc import load_json
-from docker_variant.scheduler.kept import Kept
+from docker_variant.planner.kept import Kept
+from docker_variant.planner.pool import SHARE, AgentReport
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.model import SupportedLists, parse_supported_lists
 from docker_variant.variant.platform import Platform
@@ -35,24 +36,7 @@ __all__ = [
 
 MAX_NODES = 10_000
 MAX_DEVICES_PER_NODE = 1_024
-#: Shares are counted in millionths of a share, as integers, so that sums are exact (three
-#: placements of 1/3 fill a device and a fourth never fits by rounding).
-SHARE = 1_000_000
 MAX_CAPACITY = 1_024  # shares one device may report
-
-
-@dataclass(frozen=True)
-class AgentReport:
-    """One heartbeat: the host's lists and each device's own lists, by device name and id."""
-
-    agent_id: str
-    resource_group: str
-    host: SupportedLists
-    devices: Mapping[str, Mapping[str, SupportedLists]]
-    platform: str | None = None  # os/arch[/variant]; None: from the host lists' CPU namespace
-    # (device name, device id) -> shares in millionths; a device not named has one share
-    capacity: Mapping[tuple[str, str], int] = field(default_factory=dict)
-    unhealthy: frozenset[tuple[str, str]] = frozenset()  # (device name, device id)
 
 
 def _object(value: object, what: str) -> dict[str, Any]:

@@ -24,9 +24,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection
 
-from docker_variant.scheduler import rows
-from docker_variant.scheduler.documents import SHARE, AgentReport, PlacementRequest
-from docker_variant.scheduler.pool import (
+from docker_variant.planner.pool import (
     Device,
     DeviceKey,
     Node,
@@ -35,6 +33,8 @@ from docker_variant.scheduler.pool import (
     device_in_use,
     profile_key,
 )
+from docker_variant.scheduler import rows
+from docker_variant.scheduler.documents import SHARE, AgentReport, PlacementRequest
 from docker_variant.scheduler.rows import Change, Usage
 from docker_variant.variant.model import SupportedLists
 

@@ -44,6 +44,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from docker_variant.errors import InvalidInputError
 from docker_variant.jsondoc import load_json
+from docker_variant.planner.placement import Plan
+from docker_variant.planner.pool import WHOLE, DeviceKey, ProfileKey, profile_key
 from docker_variant.scheduler.database import (
     RETRYABLE_SQLSTATES,
     WRITE,
@@ -65,8 +67,6 @@ from docker_variant.scheduler.models import (
     pool_version,
     profiles,
 )
-from docker_variant.scheduler.placement import Plan
-from docker_variant.scheduler.pool import WHOLE, DeviceKey, ProfileKey, profile_key
 from docker_variant.variant.model import SupportedLists
 
 __all__ = [

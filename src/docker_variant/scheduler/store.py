@@ -37,14 +37,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine
 
 from docker_variant.errors import InvalidInputError
-from docker_variant.retry import Backoff, retry
-from docker_variant.scheduler import rows
-from docker_variant.scheduler.documents import (
-    AgentReport,
-    PlacementRequest,
-    parse_placement_request,
-)
-from docker_variant.scheduler.placement import (
+from docker_variant.planner.placement import (
     BARE,
     JudgeCache,
     NodeAllocation,
@@ -53,7 +46,14 @@ from docker_variant.scheduler.placement import (
     plan,
     plan_in_groups,
 )
-from docker_variant.scheduler.pool import Pool, pool_shares
+from docker_variant.planner.pool import Pool, pool_shares
+from docker_variant.retry import Backoff, retry
+from docker_variant.scheduler import rows
+from docker_variant.scheduler.documents import (
+    AgentReport,
+    PlacementRequest,
+    parse_placement_request,
+)
 from docker_variant.scheduler.poolcache import PoolCache, apply_changes
 from docker_variant.scheduler.rows import STATES, Change, Rows, Stale, iso, lost_race
 from docker_variant.scheduler.views import agent_views, shares_out

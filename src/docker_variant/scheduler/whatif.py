@@ -37,14 +37,7 @@ from typing import Any
 
 from docker_variant.api.names import SHORT_NAME
 from docker_variant.errors import InvalidInputError
-from docker_variant.scheduler.documents import (
-    MAX_NODES,
-    AgentReport,
-    PlacementRequest,
-    parse_agent_report,
-    parse_placement_request,
-)
-from docker_variant.scheduler.placement import (
+from docker_variant.planner.placement import (
     BARE,
     Judge,
     Plan,
@@ -53,7 +46,14 @@ from docker_variant.scheduler.placement import (
     plan_request,
     plural,
 )
-from docker_variant.scheduler.pool import Node, Pool, build_pool
+from docker_variant.planner.pool import Node, Pool, build_pool
+from docker_variant.scheduler.documents import (
+    MAX_NODES,
+    AgentReport,
+    PlacementRequest,
+    parse_agent_report,
+    parse_placement_request,
+)
 from docker_variant.variant.index import VariantIndex
 
 __all__ = [

@@ -33,7 +33,7 @@ host's GPUs, e.g. ``gfx942``) and ``rocm_version`` (``major.minor``, newest firs
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from docker_variant.numtext import DIGITS
@@ -357,6 +357,29 @@ def dra_clauses(feature: str, values: Sequence[str], limit: int) -> tuple[list[s
     return clauses_in_order(newest_first(feature, values), make, limit)
 
 
+def dra_device_lists(attributes: Mapping[str, str]) -> dict[str, list[str]] | None:
+    """A ``gpu.amd.com`` device's lists, as the provider writes them: its gfx target (from
+    ``deviceID``) and the ROCm releases its driver runs on it (from ``driverVersion``; none
+    with the in-tree driver, which publishes no version). ``None`` for what is not a whole
+    GPU (a partition, a VFIO device: claims take neither by default) or an unknown ID."""
+    if attributes.get("type") != DRA_TYPE_GPU:
+        return None
+    try:
+        gfx = target_of_device(int(attributes.get("deviceID", ""), 16))
+    except ValueError:
+        return None
+    if gfx is None:
+        return None
+    driver = attributes.get("driverVersion")
+    version = None
+    if driver is not None and re.fullmatch(r"[0-9]{1,9}(\.[0-9]{1,9}){0,3}", driver):
+        version = tuple(int(part) for part in driver.split("."))
+    lists = {"gfx_arch": [gfx]}
+    if runs := releases_for(gfx, rocm_releases(version)):
+        lists["rocm_version"] = runs
+    return lists
+
+
 RULES = NamespaceRules(
     NAMESPACE,
     FEATURES,
@@ -370,6 +393,7 @@ RULES = NamespaceRules(
         dra_clauses,
         kind_selector=dra_kind_selector,
         kind_attribute=DRA_KIND_ATTRIBUTE,
+        device_lists=dra_device_lists,
     ),
     provider=("amd-variant-provider", None),  # wheelnext's (not on PyPI yet)
 )

@@ -107,6 +107,10 @@ class DraMapping:
     #: the attribute whose value tells the kinds apart, matched across a claim when
     #: partitions are asked for (``gpu.amd.com/type``)
     kind_attribute: str | None = None
+    #: ``device_lists(attributes)``: the namespace's lists of one device of the driver, read
+    #: from its ResourceSlice attributes (name -> value as text, the driver's domain left
+    #: off); ``None`` for a device no variant is built for (not a whole GPU)
+    device_lists: Callable[[Mapping[str, str]], dict[str, list[str]] | None] | None = None
 
 
 @dataclass(frozen=True)

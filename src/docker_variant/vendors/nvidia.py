@@ -26,7 +26,7 @@ of digits is refused as bad input, never turned into an int.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 
 from docker_variant.numtext import DIGITS
@@ -319,6 +319,26 @@ def newest_first(feature: str, values: Sequence[str]) -> list[str]:
     return RULES.newest_first(feature, values)
 
 
+DRA_TYPE_GPU = "gpu"  # the driver's ``type`` of a whole GPU (``mig`` for a MIG device)
+_VERSION_RE = re.compile(r"(0|[1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,8})(?:\.[0-9]+)?(?:[-+].*)?")
+
+
+def _major_minor(text: str | None) -> tuple[int, int] | None:
+    match = None if text is None else _VERSION_RE.fullmatch(text)
+    return None if match is None else (int(match[1]), int(match[2]))
+
+
+def dra_device_lists(attributes: Mapping[str, str]) -> dict[str, list[str]] | None:
+    """A ``gpu.nvidia.com`` device's lists, as the provider writes them for its CUDA driver
+    (``cudaDriverVersion``) and compute capability (``cudaComputeCapability``); ``None``
+    for what is not a whole GPU (a MIG device: the device class leaves it out)."""
+    if attributes.get("type", DRA_TYPE_GPU) != DRA_TYPE_GPU:
+        return None
+    cuda = _major_minor(attributes.get(_CUDA_ATTRIBUTE))
+    cc = _major_minor(attributes.get(_CC_ATTRIBUTE))
+    return supported_features(cuda, cc)
+
+
 RULES = NamespaceRules(
     NAMESPACE,
     FEATURES,
@@ -329,6 +349,8 @@ RULES = NamespaceRules(
         "sm_arch": _SM_RULE,
     },
     order_key=_order_key,
-    dra=DraMapping(DRA_DOMAIN, HOMOGENEOUS_ATTRIBUTE, dra_guard, dra_clauses),
+    dra=DraMapping(
+        DRA_DOMAIN, HOMOGENEOUS_ATTRIBUTE, dra_guard, dra_clauses, device_lists=dra_device_lists
+    ),
     provider=("nvidia-variant-provider", None),  # wheelnext's; its plugin API by name
 )

@@ -21,11 +21,12 @@ from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from docker_variant.scheduler.documents import SHARE, AgentReport
 from docker_variant.variant.model import SupportedLists
 
 __all__ = [
+    "SHARE",
     "WHOLE",
+    "AgentReport",
     "Device",
     "DeviceKey",
     "NaturalKey",
@@ -45,6 +46,10 @@ __all__ = [
 
 ProfileKey = str  # a content hash of one supported-lists document
 
+#: Shares are counted in millionths of a share, as integers, so that sums are exact (three
+#: placements of 1/3 fill a device and a fourth never fits by rounding).
+SHARE = 1_000_000
+
 #: What a device taken whole counts as used (more than any capacity).
 WHOLE = 1 << 62
 
@@ -56,6 +61,21 @@ class Device(NamedTuple):  # a tuple: a pool holds tens of thousands
     room: int = SHARE  # shares left (millionths): capacity less use; 0 when unhealthy
     capacity: int = SHARE  # shares in all (millionths)
     healthy: bool = True  # as its agent reports: never allocated when False
+
+
+@dataclass(frozen=True)
+class AgentReport:
+    """One node as an agent reports it (a heartbeat, or a Kubernetes node's ResourceSlices):
+    the host's lists and each device's own lists, by device name and id."""
+
+    agent_id: str
+    resource_group: str
+    host: SupportedLists
+    devices: Mapping[str, Mapping[str, SupportedLists]]
+    platform: str | None = None  # os/arch[/variant]; None: from the host lists' CPU namespace
+    # (device name, device id) -> shares in millionths; a device not named has one share
+    capacity: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    unhealthy: frozenset[tuple[str, str]] = frozenset()  # (device name, device id)
 
 
 def room_left(capacity: int, used: int, healthy: bool) -> int:

@@ -51,12 +51,12 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain, islice, repeat
-from typing import Any
+from typing import Any, Protocol
 
 from docker_variant.errors import InvalidInputError
-from docker_variant.scheduler.documents import SHARE, PlacementRequest
-from docker_variant.scheduler.kept import Kept
-from docker_variant.scheduler.pool import (
+from docker_variant.planner.kept import Kept
+from docker_variant.planner.pool import (
+    SHARE,
     Device,
     NaturalKey,
     Node,
@@ -76,6 +76,7 @@ from docker_variant.vendors import CPU_NAMESPACES
 __all__ = [
     "BARE",
     "DeviceClass",
+    "GangRequest",
     "Judge",
     "JudgeCache",
     "NodeAllocation",
@@ -94,6 +95,19 @@ BARE = "(bare)"
 
 _SHOWN_AGENTS = 3
 _SHOWN_GROUPS = 5
+
+
+class GangRequest(Protocol):
+    """What ``plan_request`` plans: the scheduler's ``PlacementRequest``, a ``k8s gang``."""
+
+    @property
+    def nodes(self) -> int: ...
+    @property
+    def devices_per_node(self) -> int: ...
+    @property
+    def device_name(self) -> str | None: ...
+    @property
+    def shares(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -561,7 +575,7 @@ def _check_device_kind(candidate: Candidate, devices_per_node: int) -> None:
 
 
 def plan_request(
-    index: VariantIndex, pool: Pool, request: PlacementRequest, judge: Judge | None = None
+    index: VariantIndex, pool: Pool, request: GangRequest, judge: Judge | None = None
 ) -> Plan | Refusal:
     """``plan`` for a placement request: what ``Store.place`` and what-if both plan."""
     return plan(
@@ -578,7 +592,7 @@ def plan_request(
 def plan_in_groups(
     index: VariantIndex,
     pools: Mapping[str | None, Pool],
-    request: PlacementRequest,
+    request: GangRequest,
     judge: Judge | None = None,
 ) -> tuple[str | None, Plan] | Refusal:
     """``plan_request`` on each pool a request may take its gang from (one per resource
