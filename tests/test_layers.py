@@ -49,7 +49,17 @@ LAYERS: list[tuple[str, ...]] = [
     ("proxy", "scheduler"),
     ("agent",),
     # commands: they wire everything below into a process
-    ("render", "cli", "entry", "extras", "__main__", "scheduler.__main__", "proxy.__main__"),
+    # (``agent.command`` is ``variant-scheduler agent``'s: it checks the [kubernetes] extra)
+    (
+        "render",
+        "cli",
+        "entry",
+        "extras",
+        "__main__",
+        "scheduler.__main__",
+        "proxy.__main__",
+        "agent.command",
+    ),
 ]
 
 

@@ -25,8 +25,8 @@ The package map, bottom first. Each layer imports only its own layer and those b
 - ``proxy`` and ``scheduler``: ``variant-proxy`` and ``variant-scheduler`` (which never detects)
 - ``agent``     the node agent: a scheduler client on top of ``providers``
 - commands: ``cli`` and ``render`` (``docker-variant`` and the Docker CLI plugin), ``entry``,
-  ``extras`` (which optional install each server command needs), and the servers'
-  ``__main__`` modules
+  ``extras`` (which optional install each server command needs), the servers'
+  ``__main__`` modules and ``agent.command`` (``variant-scheduler agent``)
 """
 
 __version__ = "0.1.0"
