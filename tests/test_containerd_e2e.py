@@ -25,6 +25,8 @@ pytestmark = pytest.mark.e2e
 REPO = "ctrd/app"
 H200 = {"nvidia": nvidia_features((12, 8), (9, 0)), "x86_64": {"level": ["v4", "v3", "v2", "v1"]}}
 OLD_CPU = {"x86_64": {"level": ["v2", "v1"]}}
+# an H200 and an L4 on one node, described per device (providers --devices --json)
+MIXED = json.loads((Path(__file__).parent.parent / "examples/hosts/h200-l4.json").read_text())
 
 
 @pytest.fixture(scope="module", params=["alone", "nginx"])
@@ -51,6 +53,12 @@ def digests(registry: RunningRegistry, image_builder: ImageBuilder) -> dict[str,
     pushed = {
         "cu128": variant_labels(
             "cu128", nvidia__cuda_version_lower_bound="12.8", nvidia__sm_arch="90_real"
+        ),
+        # code for the L4 (sm_89) and the H200 (sm_90): ranks below cu128 on an H200 alone
+        "cu126": variant_labels(
+            "cu126",
+            nvidia__cuda_version_lower_bound="12.6",
+            nvidia__sm_arch="80_real,86_real,89_real,90_real",
         ),
         "v3": variant_labels("v3", x86_64__level="v3"),
         "null": variant_labels("null"),
@@ -92,7 +100,8 @@ def ctr_pull(
     written = tomllib.loads((tmp / "hosts" / proxy.address / "hosts.toml").read_text())
     assert written["server"] == f"http://{proxy.address}"  # loopback: plain HTTP
     header = written["host"][written["server"]]["header"]["X-Variant-Properties"]
-    assert json.loads(header) == host
+    if "devices" not in host:  # a flat list: sent as it is
+        assert json.loads(header) == host
     sock = containerd.address.removeprefix("unix://")
     ref = f"{proxy.address}/{REPO}:1.0.0"
     subprocess.run(
@@ -125,6 +134,8 @@ def test_containerd_pulls_the_best_variant_through_the_proxy(
 ) -> None:
     assert ctr_pull(containerd, proxy, H200, tmp_path / "h200") == digests["cu128"]
     assert ctr_pull(containerd, proxy, OLD_CPU, tmp_path / "old") == digests["null"]
+    # a node whose GPUs differ: cu126 runs on both; cu128 (sm_90 only) not on the L4
+    assert ctr_pull(containerd, proxy, MIXED, tmp_path / "mixed") == digests["cu126"]
     # the proxy chose on the HEAD and labelled it
     head = httpx.head(
         f"{proxy.url}/v2/{REPO}/manifests/1.0.0",

@@ -79,8 +79,8 @@ def test_every_document_is_in_the_namespace() -> None:
 
 def test_agent_daemonset_reads_the_host_under_its_host_root() -> None:
     """The agent reads DIR/sys/... with --host-root DIR: the host's /sys must be mounted,
-    read-only, at DIR/sys, in every container that detects (the agent and the init container
-    writing containerd's hosts.toml)."""
+    read-only, at DIR/sys, in every container that detects (the agent and the agent keeping
+    containerd's hosts.toml)."""
     pod = _kind("DaemonSet")["variant-agent"]["spec"]["template"]
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     for container in _containers(pod):
@@ -230,13 +230,15 @@ def test_every_option_the_manifests_pass_exists() -> None:
             if image in entrypoints:
                 missing = _given(container["args"]) - programs[entrypoints[image]]
                 assert not missing, (name, missing)
-    init = _kind("DaemonSet")["variant-agent"]["spec"]["template"]["spec"]["initContainers"][0]
-    command = init["command"]
-    assert command[0] == "docker-variant" and command[2:4] == ["k8s", "containerd-hosts"]
-    known = _options(str(BIN / "docker-variant"), "--help") | _options(
-        str(BIN / "docker-variant"), "k8s", "containerd-hosts", "--help"
-    )
-    assert not _given(command) - known
+    # the hosts.toml files are kept by an agent container, not written once by an init one
+    pod = _kind("DaemonSet")["variant-agent"]["spec"]["template"]["spec"]
+    assert "initContainers" not in pod
+    (keeper,) = [c for c in pod["containers"] if c["name"] == "containerd-hosts"]
+    assert any(a.startswith("--containerd-hosts=") for a in keeper["args"])
+    assert keeper["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert {"name": "containerd-certs", "mountPath": "/host/etc/containerd/certs.d"} in keeper[
+        "volumeMounts"
+    ]
 
 
 def _exec_argv(unit: Path) -> list[str]:

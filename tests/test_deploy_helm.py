@@ -170,7 +170,7 @@ def test_the_agent_labels_its_own_node_as_its_service_account() -> None:
     pod = objects[("DaemonSet", "variant-agent")]["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "variant-agent"
     assert pod["automountServiceAccountToken"] is True
-    (agent,) = pod["containers"]
+    (agent,) = [c for c in pod["containers"] if c["name"] == "variant-agent"]
     assert "--label-node" in agent["args"] and "--cpu-flags" not in agent["args"]
     env = {e["name"]: e for e in agent["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
@@ -323,3 +323,28 @@ def test_both_servers_run_with_their_connection_limits() -> None:
     assert f"keepalive_timeout {LIMITS.keep_alive:g}s;" in front
     assert "large_client_header_buffers 4 64k;" in front  # 4 x 64k: the proxy's head
     assert LIMITS.max_head_bytes == 4 * 64 * 1024
+
+
+def test_a_second_agent_keeps_containerd_hosts_as_root_without_capabilities() -> None:
+    """The hosts.toml files are kept current by an agent that only does that (root, for the
+    host's certs.d, with no capability and no agent token); the heartbeating agent stays
+    unprivileged. Without containerdHosts neither the container nor the mount is there."""
+    pod = _by_key(_template())[("DaemonSet", "variant-agent")]["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    keeper, agent = containers["containerd-hosts"], containers["variant-agent"]
+    assert keeper["image"] == agent["image"]  # the agent's image: variant-scheduler agent
+    assert keeper["args"][:3] == [
+        "--containerd-hosts=registry.example.internal",
+        "--containerd-hosts-dir=/host/etc/containerd/certs.d",
+        "--containerd-server=https://variant-proxy.example.internal:5080",
+    ]
+    assert not any(a.startswith(("--scheduler", "--label-node", "--token")) for a in keeper["args"])
+    assert keeper["securityContext"]["runAsUser"] == 0
+    assert keeper["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert agent["securityContext"]["runAsUser"] == 65534
+    assert "tokens" not in {m["name"] for m in keeper["volumeMounts"]}
+    assert "containerd-certs" not in {m["name"] for m in agent["volumeMounts"]}
+    off = _by_key(_template(*VALUE_SETS["no-containerd-hosts"]))
+    spec = off[("DaemonSet", "variant-agent")]["spec"]["template"]["spec"]
+    assert [c["name"] for c in spec["containers"]] == ["variant-agent"]
+    assert "containerd-certs" not in {v["name"] for v in spec["volumes"]}

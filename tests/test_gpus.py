@@ -148,9 +148,10 @@ def test_pull_gpus_device_1_picks_the_variant_for_that_device(
     )
     done = run_cli(*base, "--gpus", "device=1", tmp=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert (
-        done.stdout.strip()
-        == f'Selected variant "cu128sm89" of {ref.rsplit(":", 1)[0]} version 1.0.0'
+    # the spec's sentence first, as scripts read it; then whom it was chosen for
+    assert done.stdout.strip() == (
+        f'Selected variant "cu128sm89" of {ref.rsplit(":", 1)[0]} version 1.0.0'
+        " for GPU 1 (sm 8.9: L4, L40S, RTX 40)"
     )
     done = run_cli(*base, "--gpus", "device=0", tmp=tmp_path)
     assert '"cu128sm90"' in done.stdout, done.stderr
@@ -159,9 +160,11 @@ def test_pull_gpus_device_1_picks_the_variant_for_that_device(
     assert '"cu126fat"' in done.stdout, done.stderr
 
 
-def test_without_gpus_ls_says_which_variants_fit_only_some_devices(
+def test_without_gpus_ls_chooses_for_every_gpu_as_docker_run_gpus_all(
     files: dict[str, str], tmp_path: Path
 ) -> None:
+    """No --gpus is --gpus all: a variant with code for one GPU only is not compatible (the
+    reason names the device it does not fit), and the output says whom it chose for."""
     done = run_cli(
         "--providers-file",
         files["h200_l4"],
@@ -173,14 +176,17 @@ def test_without_gpus_ls_says_which_variants_fit_only_some_devices(
     )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
-    assert data["selected"]["label"] == "cu128sm90"  # the host's aggregate lists, as before
-    notes = data["some_devices"]
-    assert set(notes) == {"cu128sm90", "cu128sm89"}
-    assert notes["cu128sm90"].startswith(f"fits 1 of 2 devices (not 1 ({L4_UUID})")
+    assert data["selected"]["label"] == "cu126fat"
+    assert data["gpus"] == ["0 (sm 9.0: H100, H200, GH200)", "1 (sm 8.9: L4, L40S, RTX 40)"]
+    reasons = {c["label"]: c.get("reason") for c in data["variants"] if not c["compatible"]}
+    assert reasons["cu128sm90"].startswith(f"does not fit device 1 ({L4_UUID}): nvidia :: sm_arch")
+    assert reasons["cu128sm89"].startswith(
+        f"does not fit device 0 ({H200_UUID}): nvidia :: sm_arch"
+    )
     text = run_cli(
         "--providers-file", files["h200_l4"], "ls", "--index", files["nvidia_set"], tmp=tmp_path
     )
-    assert "note: cu128sm89: fits 1 of 2 devices" in text.stdout
+    assert "for GPUs 0 (sm 9.0: H100, H200, GH200), 1 (sm 8.9: L4, L40S, RTX 40)" in text.stdout
 
 
 def test_heterogeneous_amd_host_root(files: dict[str, str], tmp_path: Path) -> None:
@@ -208,7 +214,116 @@ def test_providers_names_each_amd_device_and_ls_notes_partial_fits(
     assert "amd device 0000:0c:00.0: gfx1100 (Radeon RX 7900" in done.stdout
     done = run_cli("--host-root", root, "ls", "--index", files["amd_set"], "--json", tmp=tmp_path)
     data = json.loads(done.stdout)
-    assert data["selected"]["label"] == "rocm63gfx1100"  # gfx1100 first in the host's list
-    assert data["some_devices"]["rocm63gfx1100"].startswith(
-        "fits 1 of 2 devices (not 0 (0000:03:00.0): amd :: gfx_arch needs one of gfx1100"
+    assert data["selected"]["label"] == "null"  # neither build runs on both GPUs
+    (gfx1100,) = [c for c in data["variants"] if c["label"] == "rocm63gfx1100"]
+    assert gfx1100["reason"].startswith(
+        "does not fit device 0 (0000:03:00.0): amd :: gfx_arch needs one of gfx1100"
     )
+
+
+# --- the H200 + L4 host of examples/hosts and the pytorch example ---------------------------
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+MIXED = str(EXAMPLES / "hosts" / "h200-l4.json")
+PYTORCH = str(EXAMPLES / "pytorch-2.12.0.json")
+BOTH = "for GPUs 0 (sm 9.0: H100, H200, GH200), 1 (sm 8.9: L4, L40S, RTX 40)"
+
+
+@pytest.mark.parametrize(
+    ("gpus", "label"),
+    [
+        ((), "cu126"),  # default: every GPU, as docker run --gpus all
+        (("--gpus", "all"), "cu126"),
+        (("--gpus", "2"), "cu126"),
+        (("--gpus", "device=0,1"), "cu126"),
+        (("--gpus", '"device=0,1"'), "cu126"),
+        (("--gpus", "device=0"), "cu128"),  # the H200 alone: its own best
+        (("--gpus", f"device={H200_UUID}"), "cu128"),
+        (("--gpus", "1"), "cu128"),  # the first device: the H200
+        (("--gpus", "device=1"), "cu126"),  # the L4 alone
+    ],
+)
+def test_mixed_host_resolve_chooses_for_the_gpus_the_container_gets(
+    gpus: tuple[str, ...], label: str, tmp_path: Path
+) -> None:
+    """pytorch's cu128 has sm_90/sm_100 code only: on the H200 + L4 host it runs on the H200,
+    not the L4; cu126 (sm_80 ... sm_90) runs on both."""
+    done = run_cli("--providers-file", MIXED, "resolve", "--index", PYTORCH, *gpus, tmp=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"2.12.0-{label}\n"  # stdout stays the reference alone
+    assert f"docker-variant: chose {label} for GPU" in done.stderr
+
+
+def test_mixed_host_pull_says_which_gpus_it_chose_for(tmp_path: Path) -> None:
+    ref = "reg.example/app:1.0.0"
+    base = ("--providers-file", MIXED, "pull", ref, "--index", PYTORCH, "--dry-run")
+    done = run_cli(*base, tmp=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f'Selected variant "cu126" of reg.example/app version 1.0.0 {BOTH}\n'
+    done = run_cli(*base, "--gpus", "device=0", tmp=tmp_path)
+    assert done.stdout == (
+        'Selected variant "cu128" of reg.example/app version 1.0.0'
+        " for GPU 0 (sm 9.0: H100, H200, GH200)\n"
+    )
+    done = run_cli("--json", *base, tmp=tmp_path)
+    data = json.loads(done.stdout)
+    assert (data["label"], data["chosen"]) == ("cu126", "reg.example/app:2.12.0-cu126")
+    assert len(data["gpus"]) == 2
+
+
+def test_mixed_host_ls_marks_cu128_as_not_running_on_the_l4(tmp_path: Path) -> None:
+    done = run_cli("--providers-file", MIXED, "ls", "--index", PYTORCH, "--json", tmp=tmp_path)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["selected"]["label"] == "cu126"
+    (cu128,) = [c for c in data["variants"] if c["label"] == "cu128"]
+    assert not cu128["compatible"]
+    assert cu128["reason"].startswith(f"does not fit device 1 ({L4_UUID})")
+    quiet = run_cli("--providers-file", MIXED, "ls", "--index", PYTORCH, "-q", tmp=tmp_path)
+    assert "2.12.0-cu128" not in quiet.stdout.split()
+    assert quiet.stdout.split()[0] == "2.12.0-cu126"
+    narrowed = run_cli(
+        "--providers-file", MIXED, "ls", "--index", PYTORCH, "--gpus", "device=0", "--json",
+        tmp=tmp_path,
+    )  # fmt: skip
+    assert json.loads(narrowed.stdout)["selected"]["label"] == "cu128"
+
+
+def test_a_host_whose_gpus_are_alike_chooses_as_before(tmp_path: Path) -> None:
+    """One kind of GPU: no note on stderr, the same choice as the host's own lists."""
+    one = tmp_path / "h200.json"
+    one.write_text(json.dumps(HostReport({**CPU, **H200}, {"nvidia": {H200_UUID: H200}}).to_json()))
+    done = run_cli("--providers-file", str(one), "resolve", "--index", PYTORCH, tmp=tmp_path)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "2.12.0-cu128\n", "")
+    flat = run_cli(
+        "--providers-file", str(EXAMPLES / "hosts" / "h200-r570.json"), "pull",
+        "reg.example/app:1.0.0", "--index", PYTORCH, "--dry-run", tmp=tmp_path,
+    )  # fmt: skip
+    # no devices described: the spec's sentence alone
+    assert flat.stdout == 'Selected variant "cu128" of reg.example/app version 1.0.0\n'
+
+
+def test_a_cuda_build_is_judged_on_the_nvidia_gpus_only() -> None:
+    """On a host with an NVIDIA and an AMD GPU, all GPUs: a CUDA build must run on each
+    NVIDIA GPU, a ROCm build on each AMD one; neither on the other vendor's."""
+    from docker_variant.variant import VariantIndex, select
+
+    mi210 = {"amd": {"gfx_arch": ["gfx90a"], "rocm_version": ["6.3", "6.2"]}}
+    report = HostReport(
+        {**CPU, **H200, **mi210},
+        {"nvidia": {H200_UUID: H200}, "amd": {"0000:03:00.0": mi210}},
+    )
+    chosen = choose_devices(report)
+    index = VariantIndex.from_json(
+        index_of(
+            {
+                "cu128": {"nvidia": {"cuda_version_lower_bound": ["12.8"], "sm_arch": ["90_real"]}},
+                "rocm63": {"amd": {"gfx_arch": ["gfx90a"], "rocm_version": ["6.3"]}},
+                "null": {},
+            }
+        ),
+        "test",
+    )
+    selection = select(index, chosen.host, None, chosen.devices)
+    assert [c.label for c in selection.ranked] == ["cu128", "rocm63", "null"]
+    assert not selection.rejected

@@ -10,10 +10,14 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from docker_variant.cli import main
 from docker_variant.k8s.containerd import hosts_toml
+from docker_variant.variant import VariantIndex, labels_for, select
+from fakeupstream import FakeUpstream, Reply
+from proxyrunner import ProxyServer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 H200 = EXAMPLES / "hosts" / "h200-r570.json"
@@ -217,3 +221,98 @@ def test_empty_lists_still_make_a_valid_file(
     )
     assert code == 0
     assert header(tomllib.loads(out)) == {"nvidia": {}, "x86_64": {}}
+
+
+# --- a node whose GPUs differ: an H200 and an L4 -------------------------------------------
+
+MIXED = EXAMPLES / "hosts" / "h200-l4.json"
+PYTORCH = EXAMPLES / "pytorch-2.12.0.json"
+
+
+def mixed_headers(capsys: pytest.CaptureFixture[str], registry: str) -> dict[str, str]:
+    code, out, err = run_cli(
+        capsys, "k8s", "containerd-hosts", registry, "--providers-file", str(MIXED)
+    )
+    assert code == 0, err
+    document = tomllib.loads(out)
+    found: dict[str, str] = document["host"][document["server"]]["header"]
+    return found
+
+
+def test_a_mixed_node_header_lists_only_what_every_gpu_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The union of the two GPUs' lists would let the proxy choose cu128 (sm_90/sm_100 code
+    only), which the L4 cannot run: the header lists what both run, and each GPU's own
+    lists go in X-Variant-Devices."""
+    headers = mixed_headers(capsys, "reg.example")
+    assert set(headers) == {"X-Variant-Properties", "X-Variant-Devices"}
+    common = json.loads(headers["X-Variant-Properties"])
+    devices = json.loads(headers["X-Variant-Devices"])
+    report = json.loads(MIXED.read_text())
+    h200, l4 = report["devices"]["nvidia"].values()
+    assert devices == [h200, l4]
+    assert common["x86_64"] == report["host"]["x86_64"]
+    # the H200 and the L4 list no sm_arch in common; both drivers are R570 (CUDA 12.8)
+    assert common["nvidia"] == {f: v for f, v in h200["nvidia"].items() if f != "sm_arch"}
+    # the header alone (a proxy that reads nothing else): never cu128
+    index = VariantIndex.from_json(json.loads(PYTORCH.read_text()), "pytorch")
+    alone = select(index, common)
+    assert "cu128" not in [c.label for c in alone.ranked]
+
+
+def test_gpus_alike_send_one_header_as_before(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(
+        capsys, "k8s", "containerd-hosts", "reg.example", "--providers-file", str(H200)
+    )
+    assert code == 0
+    assert "X-Variant-Devices" not in out
+
+
+def _serve_pytorch(fake: FakeUpstream, repository: str) -> dict[str, str]:
+    """The pytorch example's images (labels only) on a scripted registry: label -> digest."""
+    index = VariantIndex.from_json(json.loads(PYTORCH.read_text()), "pytorch")
+    digests = {}
+    for label, variant in index.variants.items():
+        labels = labels_for(label, variant.iter_properties(), index.namespace_order)
+        config = {"architecture": "amd64", "os": "linux", "config": {"Labels": labels}}
+        digests[label] = fake.serve_image(
+            repository, f"2.12.0-{label}", json.dumps(config).encode()
+        )
+    tags = {"name": repository, "tags": [f"2.12.0-{label}" for label in index.variants]}
+    fake.routes[f"/v2/{repository}/tags/list"] = Reply(200, json.dumps(tags).encode())
+    return digests
+
+
+def test_a_mixed_node_pulls_cu126_through_the_proxy(
+    capsys: pytest.CaptureFixture[str], fake_upstream: FakeUpstream
+) -> None:
+    """What containerd sends with the generated hosts.toml (both headers, on its HEAD of the
+    tag) resolves to cu126, which runs on both GPUs; the header alone, to no CUDA build;
+    a broken X-Variant-Devices is a 400 naming it."""
+    digests = _serve_pytorch(fake_upstream, "ml/pytorch")
+    accept = {"Accept": "application/vnd.oci.image.manifest.v1+json"}
+    with ProxyServer(fake_upstream.url) as proxy:
+        headers = mixed_headers(capsys, proxy.host)
+        url = f"{proxy.url}/v2/ml/pytorch/manifests/2.12.0"
+        head = httpx.head(url, headers={**accept, **headers})
+        assert head.status_code == 200, head.text
+        assert head.headers["x-variant-label"] == "cu126"
+        assert head.headers["docker-content-digest"] == digests["cu126"]
+        assert "X-Variant-Devices" in head.headers["vary"]
+        # the proxy's own headers never reach the registry
+        assert not any("x-variant" in h.lower() for r in fake_upstream.requests for h in r.headers)
+        alone = httpx.head(
+            url, headers={**accept, "X-Variant-Properties": headers["X-Variant-Properties"]}
+        )
+        assert alone.headers["x-variant-label"] == "v3"
+        # the union, as before: the L4 could not run what it picks
+        union = json.loads(MIXED.read_text())["host"]
+        old = httpx.head(url, headers={**accept, "X-Variant-Properties": json.dumps(union)})
+        assert old.headers["x-variant-label"] == "cu128"
+        for bad in ("{}", "[]", "[1]", '[{"nvidia": {"sm_arch": []}}]', "[" + "{}," * 64 + "{}]"):
+            refused = httpx.get(url, headers={**accept, **headers, "X-Variant-Devices": bad})
+            assert refused.status_code == 400, bad
+            error = refused.json()["errors"][0]
+            assert error["message"].startswith("invalid X-Variant-Devices header: ")
+            assert "\n" not in error["message"]

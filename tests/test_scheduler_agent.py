@@ -989,7 +989,7 @@ def test_a_refused_label_patch_is_logged_and_retried(
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [
-        (["agent", "--providers-file", "ok.json"], {}, "give --scheduler URL, --label-node, or both"),
+        (["agent", "--providers-file", "ok.json"], {}, "give --scheduler URL, --label-node, --containerd-hosts REGISTRY, or several"),
         (["agent", "--label-node", "--providers-file", "ok.json"], {},
          "--label-node: no node name (give --node-name, or set $NODE_NAME"),
         (["agent", "--label-node", "--providers-file", "ok.json"], {"NODE_NAME": "Bad_Node"},

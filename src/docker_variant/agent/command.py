@@ -89,6 +89,27 @@ def add_agent_command(commands: Any) -> None:
         "$KUBECONFIG or ~/.kube/config)",
     )
     agent.add_argument(
+        "--containerd-hosts",
+        action="append",
+        default=[],
+        metavar="REGISTRY",
+        help="keep DIR/REGISTRY/hosts.toml (--containerd-hosts-dir) what `docker-variant k8s "
+        "containerd-hosts REGISTRY` writes for this node, rewritten atomically when detection "
+        "changes it (repeat for more registries)",
+    )
+    agent.add_argument(
+        "--containerd-hosts-dir",
+        metavar="DIR",
+        default="/etc/containerd/certs.d",
+        help="containerd's hosts directory (config_path; default %(default)s)",
+    )
+    agent.add_argument(
+        "--containerd-server",
+        metavar="URL",
+        help="the variant-proxy the hosts.toml files send pulls to (default http://REGISTRY "
+        "on loopback, else https://REGISTRY)",
+    )
+    agent.add_argument(
         "--cpu-flags",
         action="store_true",
         help="also label each CPU flag (x86_64 :: avx2 :: on: 10 to 50 labels)",
@@ -121,8 +142,11 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        if args.scheduler is None and not args.label_node:
-            raise InvalidInputError("give --scheduler URL, --label-node, or both")
+        if args.scheduler is None and not args.label_node and not args.containerd_hosts:
+            raise InvalidInputError(
+                "give --scheduler URL, --label-node, --containerd-hosts REGISTRY, or several"
+            )
+        containerd_server = _containerd(args)
         scheduler = check_scheduler_url(args.scheduler) if args.scheduler is not None else None
         node_name = _node_name(args) if args.label_node else None
         agent_id = check_agent_id(args.agent_id or socket.gethostname().split(".")[0])
@@ -148,6 +172,9 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
             node_name=node_name,
             kubeconfig=Path(args.kubeconfig) if args.kubeconfig is not None else None,
             cpu_flags=args.cpu_flags,
+            containerd_hosts=tuple(dict.fromkeys(args.containerd_hosts)),
+            containerd_dir=Path(args.containerd_hosts_dir),
+            containerd_server=containerd_server,
         )
         configure_logging(args.log_level)
         agent = Agent(settings, stop=stop)
@@ -162,6 +189,19 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
         return agent.run()
     finally:
         agent.close()
+
+
+def _containerd(args: Any) -> str | None:
+    """``--containerd-hosts``' registries and ``--containerd-server``, checked now (exit 2)."""
+    from docker_variant.k8s.containerd import check_registry, check_server
+
+    for registry in args.containerd_hosts:
+        check_registry(registry)
+    if args.containerd_server is None:
+        return None
+    if not args.containerd_hosts:
+        raise InvalidInputError("--containerd-server: give --containerd-hosts REGISTRY too")
+    return check_server(args.containerd_server)
 
 
 #: Where the Downward API puts the node's name (``fieldRef: spec.nodeName``).

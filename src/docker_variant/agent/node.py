@@ -21,6 +21,13 @@ Each heartbeat is a whole report, ``PUT /v1/agents/{agent_id}``:
 - ``capacity``: only where a providers file states it (the scheduler's default is 1.0 share
   a device, what a whole GPU has).
 
+With ``settings.containerd_hosts`` (``--containerd-hosts REGISTRY``) each detection also
+keeps ``<containerd_dir>/<REGISTRY>/hosts.toml`` what ``k8s containerd-hosts`` writes for this
+node (``k8s.containerd``: the header saying what every device runs): rewritten atomically
+when it differs from the file, so that a driver upgrade, a GPU added or gone, or a file
+someone changed is set right within one interval. A failed write is one logged line and a
+retry on the next detection.
+
 With ``settings.node_name`` (``--label-node``) each detection also keeps that Kubernetes
 Node's ``variant.pep817.dev/`` labels what ``k8s.labels.node_labels`` says of the host
 lists (``k8s.apiserver.NodeLabeller``: a merge patch of those labels only): when they change,
@@ -213,6 +220,7 @@ class Agent:
         self._label_check = 0.0  # when to check them again though detection is unchanged
         self._label_failure: str | None = None  # logged once while it repeats
         self._label_skipped: dict[str, str] = {}  # values no label says, to log changes only
+        self._hosts_failure: dict[str, str] = {}  # registry -> last write failure, logged once
 
     @property
     def url(self) -> str:
@@ -251,6 +259,45 @@ class Agent:
         self._labelled, self._label_check = result.labels, now + LABEL_RESYNC_S
         self._label_failure = None
         return True
+
+    def keep_hosts(self, host: SupportedLists, devices: Mapping[str, Any]) -> bool:
+        """Keep each registry's containerd ``hosts.toml`` the one for this report (with
+        ``--containerd-hosts``); whether every file is."""
+        settings = self.settings
+        if not settings.containerd_hosts:
+            return True
+        from docker_variant.k8s.containerd import default_server, hosts_toml, write_hosts_toml
+        from docker_variant.providers import HostReport
+        from docker_variant.providers.gpus import node_header
+
+        lists, kinds = node_header(HostReport(host, dict(devices)))
+        kept = True
+        for registry in settings.containerd_hosts:
+            server = settings.containerd_server or default_server(registry)
+            text = hosts_toml(registry, server, lists, kinds)
+            path = settings.containerd_dir / registry / "hosts.toml"
+            try:
+                if path.read_text() == text:
+                    self._hosts_failure.pop(registry, None)
+                    continue
+            except (OSError, UnicodeDecodeError):
+                pass  # absent or unreadable: written now
+            try:
+                write_hosts_toml(settings.containerd_dir, registry, text)
+            except InvalidInputError as exc:
+                why = one_line(str(exc))
+                level = (
+                    logging.DEBUG if self._hosts_failure.get(registry) == why else logging.WARNING
+                )
+                _log.log(level, "keeping %s failed (%s); retrying", path, why)
+                self._hosts_failure[registry] = why
+                kept = False
+                continue
+            self._hosts_failure.pop(registry, None)
+            _log.info(
+                "wrote %s: %s", path, "what every device runs" if kinds else "this node's lists"
+            )
+        return kept
 
     def report(self) -> dict[str, Any]:
         """This heartbeat's body."""
@@ -337,6 +384,7 @@ class Agent:
         what may pass (unreachable, any answer but a 2xx JSON object), ``ReportRefusedError``
         for 400/413."""
         body = self.report()
+        self.keep_hosts(body["host"], body["devices"])
         self.label_node(body["host"])
         if self.settings.scheduler is None:  # labels only
             self.beats += 1

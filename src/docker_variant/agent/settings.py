@@ -1,5 +1,5 @@
 """What an agent is told to do: where to report, as whom, how often, from which lists, and
-whether it keeps its Kubernetes Node's labels."""
+whether it keeps its Kubernetes Node's labels and containerd's hosts.toml files."""
 
 from __future__ import annotations
 
@@ -27,3 +27,7 @@ class AgentSettings:
     node_name: str | None = None
     kubeconfig: Path | None = None  # None: the pod's service account, else $KUBECONFIG
     cpu_flags: bool = False  # label CPU flags too
+    # --containerd-hosts: keep containerd_dir/REGISTRY/hosts.toml for each of these registries
+    containerd_hosts: tuple[str, ...] = ()
+    containerd_dir: Path = Path("/etc/containerd/certs.d")
+    containerd_server: str | None = None  # the variant-proxy (None: http(s)://REGISTRY)

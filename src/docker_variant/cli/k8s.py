@@ -156,8 +156,10 @@ def k8s_containerd_hosts(
         typer.Option("--output", help="Write DIR/REGISTRY/hosts.toml (atomically) instead."),
     ] = None,
 ) -> None:
-    """Print a containerd hosts.toml that sends this node's X-Variant-Properties."""
+    """Print a containerd hosts.toml that sends this node's X-Variant-Properties (on a node
+    whose GPUs differ: what every GPU runs, and each GPU's lists in X-Variant-Devices)."""
     from docker_variant.k8s.containerd import (
+        DEVICES,
         HEADER,
         HEADER_WARN_BYTES,
         check_registry,
@@ -171,10 +173,14 @@ def k8s_containerd_hosts(
     opts = options_of(ctx)
     check_registry(registry)
     url = check_server(server) if server is not None else default_server(registry)
-    host = opts.host().host
+    from docker_variant.providers.gpus import node_header
+
+    host, devices = node_header(opts.host())
     if (size := len(header_value(host))) > HEADER_WARN_BYTES:
         warn(f"the {HEADER} header is {size} bytes; proxies on the way may refuse it")
-    text = hosts_toml(registry, url, host)
+    if devices and (size := len(header_value(devices))) > HEADER_WARN_BYTES:
+        warn(f"the {DEVICES} header is {size} bytes; proxies on the way may refuse it")
+    text = hosts_toml(registry, url, host, devices)
     path = write_hosts_toml(output, registry, text) if output is not None else None
     if opts.json:
         emit_json(

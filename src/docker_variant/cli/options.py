@@ -97,7 +97,8 @@ GpusOpt = Annotated[
     str | None,
     typer.Option(
         "--gpus",
-        help="Choose for exactly these devices, as docker run --gpus: all, N, device=0,2.",
+        help="Choose for the GPUs a container gets, as docker run --gpus: all (default), "
+        "N, device=0,2 or device=GPU-UUID; a variant must run on each of them.",
     ),
 ]
 EnableOpt = Annotated[

@@ -86,37 +86,46 @@ class HostChoice:
     platform: Platform
     lists: SupportedLists  # what the selection ranks by
     devices: dict[str, SupportedLists]  # each device's lists, named as --gpus numbers them
-    every_device: bool  # --gpus chose the devices: a variant must fit each of them
+    titles: tuple[str, ...] = ()  # "0 (sm 9.0: H100, H200, GH200)" of each chosen device
+    narrowed: bool = False  # --gpus chose some of the devices
+    mixed: bool = False  # the chosen devices' lists differ
 
     def select(self, index: VariantIndex) -> Selection:
-        return select(index, self.lists, self.platform, self.devices, self.every_device)
+        return select(index, self.lists, self.platform, self.devices)
+
+    @property
+    def for_gpus(self) -> str:
+        """`` for GPUs 0 (...), 1 (...)``: whom the choice is for; empty without devices."""
+        if not self.titles:
+            return ""
+        return f" for GPU{'s' if len(self.titles) > 1 else ''} {', '.join(self.titles)}"
 
 
 def host_choice(opts: Options, platform: str | None, gpus: str | None = None) -> HostChoice:
-    """The host a selection is for; with ``--gpus``, exactly those devices (a variant fits
-    only if every chosen device runs it); without, the host's aggregate lists, each
-    candidate saying whether it fits only some of the devices."""
-    from docker_variant.providers.gpus import all_devices, choose_devices, parse_gpus
+    """The host a selection is for: the devices a container gets (``--gpus``, default all,
+    as ``docker run --gpus all``), a variant fitting only if every one of them runs it."""
+    from docker_variant.providers.gpus import choose_devices, parse_gpus
     from docker_variant.variant.platform import Platform, host_platform
 
     # As docker pull: the engine's machine unless --platform says otherwise, also when a
     # providers file describes the host's devices.
     chosen = Platform.parse(platform, "--platform") if platform else host_platform()
     request = parse_gpus(gpus) if gpus is not None else None  # bad syntax before detection
-    report = opts.host()
-    if request is None:
-        return HostChoice(chosen, report.host, all_devices(report), every_device=False)
-    devices = choose_devices(report, request, gpus or "")
-    return HostChoice(chosen, devices.host, devices.devices, every_device=True)
+    devices = choose_devices(opts.host(), request, gpus or "all")
+    return HostChoice(
+        chosen,
+        devices.host,
+        devices.devices,
+        devices.titles,
+        narrowed=request is not None,
+        mixed=devices.mixed,
+    )
 
 
-def _devices_notes(selection: Selection) -> dict[str, str]:
-    """Variant label -> why it fits the host's lists but not each of its devices."""
-    return {c.label: c.devices_note for c in selection.ranked if c.devices_note and c.label}
-
-
-def report_no_match(selection: Selection, target: Target) -> None:
-    sys.stderr.write(f"docker-variant: no variant of {target.describe()} fits this host:\n")
+def report_no_match(selection: Selection, target: Target, choice: HostChoice | None = None) -> None:
+    whom = choice.for_gpus if choice is not None else ""
+    line = f"docker-variant: no variant of {target.describe()} fits this host{whom}:"
+    sys.stderr.write(safe_text(line, markup=False) + "\n")
     for c in selection.rejected:
         sys.stderr.write(safe_text(f"  {c.label or c.tag}: {c.reason}", markup=False) + "\n")
     if not selection.rejected:
@@ -131,12 +140,12 @@ OptionalRefArg = Annotated[
 
 def _selection(
     ctx: typer.Context, ref: str | None, index: str | None, platform: str | None, gpus: str | None
-) -> tuple[Options, Target, Selection]:
-    """What ``ls`` and ``resolve`` show: the options, the index and its selection."""
+) -> tuple[Options, Target, HostChoice, Selection]:
+    """What ``ls`` and ``resolve`` show: the options, the index, whom and its selection."""
     opts = options_of(ctx)
     choice = host_choice(opts, platform, gpus)  # local input first, as pull reads it
     target = target_of(ref, index)
-    return opts, target, choice.select(target.index)
+    return opts, target, choice, choice.select(target.index)
 
 
 QuietOpt = Annotated[
@@ -171,17 +180,14 @@ def ls_(
     opts = options_of(ctx)
     if (quiet and format_ is not None) or (opts.json and (quiet or format_ is not None)):
         raise InvalidInputError("give one of --json, --quiet and --format")
-    opts, target, selection = _selection(ctx, ref, index, platform, gpus)
+    opts, target, choice, selection = _selection(ctx, ref, index, platform, gpus)
     if quiet:
         for c in selection.candidates:
             if c.compatible:
                 sys.stdout.write(target.chosen_ref(c.tag) + "\n")
     elif opts.json:
         data = selection_json(selection, str(target.reference) if target.reference else None)
-        notes = _devices_notes(selection)
-        if notes:
-            data["some_devices"] = notes  # fits the host's lists, not each of its devices
-        emit_json(data)
+        emit_json(data | {"gpus": list(choice.titles)})
     elif layout == "json":
         for c in selection.candidates:
             line = candidate_json(c) | {"reference": target.chosen_ref(c.tag)}
@@ -190,9 +196,8 @@ def ls_(
         for c in selection.candidates:
             sys.stdout.write(format_candidate(layout, c, target.chosen_ref(c.tag)) + "\n")
     else:
-        stdout_console().print(selection_table(selection, f"Variants of {target.describe()}"))
-        for label, note in _devices_notes(selection).items():
-            sys.stdout.write(safe_text(f"note: {label}: {note}", markup=False) + "\n")
+        title = f"Variants of {target.describe()}{choice.for_gpus}"
+        stdout_console().print(selection_table(selection, title))
 
 
 def resolve(
@@ -202,13 +207,13 @@ def resolve(
     platform: PlatformOpt = None,
     gpus: GpusOpt = None,
 ) -> None:
-    """Print the reference of the best variant for this host."""
-    opts, target, selection = _selection(ctx, ref, index, platform, gpus)
+    """Print the reference of the best variant for this host's GPUs (--gpus, default all)."""
+    opts, target, choice, selection = _selection(ctx, ref, index, platform, gpus)
     best = selection.best
     if best is None:
         if opts.json:
-            emit_json(selection_json(selection, None))
-        report_no_match(selection, target)
+            emit_json(selection_json(selection, None) | {"gpus": list(choice.titles)})
+        report_no_match(selection, target, choice)
         raise typer.Exit(1)
     chosen = target.chosen_ref(best.tag)
     if opts.json:
@@ -219,15 +224,21 @@ def resolve(
                 "tag": best.tag,
                 "digest": best.digest,
                 "kind": best.kind,
+                "gpus": list(choice.titles),
             }
         )
     else:
+        if choice.mixed or choice.narrowed:  # stdout stays the reference alone, for $(...)
+            note = f"docker-variant: chose {best.label or 'the bare image'}{choice.for_gpus}"
+            sys.stderr.write(safe_text(note, markup=False) + "\n")
         sys.stdout.write(chosen + "\n")
 
 
-def _chosen_message(best: Candidate, reference: Reference) -> str:
+def _chosen_message(best: Candidate, reference: Reference, choice: HostChoice) -> str:
+    """``Selected variant "cu126" of reg/app version 1.0.0`` (the part scripts read), then
+    whom it was chosen for on a host with devices: `` for GPUs 0 (...), 1 (...)``."""
     what = f'variant "{best.label}"' if best.label else "the bare image"
-    return f"Selected {what} of {reference.name} version {reference.tag}"
+    return f"Selected {what} of {reference.name} version {reference.tag}{choice.for_gpus}"
 
 
 def pull(
@@ -269,10 +280,11 @@ def pull(
             if opts.json:  # as resolve --json: every variant, and why none fits
                 emit_json(selection_json(selection, str(reference)))
             else:
-                stderr_console().print(selection_table(selection, f"Variants of {reference}"))
-            report_no_match(selection, target)
+                title = f"Variants of {reference}{choice.for_gpus}"
+                stderr_console().print(selection_table(selection, title))
+            report_no_match(selection, target, choice)
             raise typer.Exit(1)
-        message = _chosen_message(best, reference)
+        message = _chosen_message(best, reference, choice)
         result = None
         if engine is not None:
             from docker_variant.docker.ops import pull_candidate
@@ -292,6 +304,7 @@ def pull(
                 "digest": best.digest,
                 "image_id": result.image_id if result else None,
                 "tags": list(result.tags) if result else [],
+                "gpus": list(choice.titles),
             }
         )
     elif quiet:  # as docker pull -q: the reference alone

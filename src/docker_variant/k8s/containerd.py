@@ -7,6 +7,12 @@ manifest of the variant that fits the node: unmodified kubelets pull the right v
 containerd sends the header on its first request, a ``HEAD`` of the tag, so the choice is
 made there.
 
+On a node whose devices differ (an H200 and an L4), the header lists only what every device
+runs (``providers.gpus.node_header``), and ``X-Variant-Devices`` adds each different
+device's lists, so that the proxy chooses a variant each device runs (cu126, whose code is
+for both, though their ``sm_arch`` lists share no value); a proxy that ignores the second
+header still never chooses a variant some device cannot run.
+
 The header value is compact JSON in a TOML literal string (``'...'``: no escapes to read);
 should the JSON ever contain a ``'`` (our value grammar has none), a basic string is written.
 """
@@ -17,15 +23,17 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from docker_variant.errors import InvalidInputError
-from docker_variant.oci.extension import PROPERTIES_HEADER
+from docker_variant.oci.extension import DEVICES_HEADER, PROPERTIES_HEADER
 from docker_variant.oci.reference import check_registry, registry_base_url
 from docker_variant.variant import SupportedLists
 
 __all__ = [
+    "DEVICES",
     "HEADER",
     "HEADER_WARN_BYTES",
     "check_registry",
@@ -37,6 +45,7 @@ __all__ = [
 ]
 
 HEADER = PROPERTIES_HEADER
+DEVICES = DEVICES_HEADER
 #: Above this a header line may be refused by proxies on the way (nginx's default buffer).
 HEADER_WARN_BYTES = 8 * 1024
 CAPABILITIES = ("pull", "resolve")
@@ -69,17 +78,23 @@ def _toml_string(text: str) -> str:
     return json.dumps(text)  # JSON string escapes are TOML basic-string escapes (ASCII out)
 
 
-def header_value(host: SupportedLists) -> str:
-    """The lists as compact JSON, in their own order (feature order is a preference)."""
+def header_value(host: SupportedLists | Sequence[SupportedLists]) -> str:
+    """The lists (or a list of them) as compact JSON, in their own order (feature order is a
+    preference)."""
     return json.dumps(host, separators=(",", ":"))
 
 
-def hosts_toml(registry: str, server: str, host: SupportedLists) -> str:
-    """The ``hosts.toml`` for ``registry``: pulls go to ``server`` with the node's lists."""
+def hosts_toml(
+    registry: str, server: str, host: SupportedLists, devices: Sequence[SupportedLists] = ()
+) -> str:
+    """The ``hosts.toml`` for ``registry``: pulls go to ``server`` with the node's lists
+    (``providers.gpus.node_header``: what every device runs, and each different device's
+    lists where they differ)."""
     check_registry(registry)
     server = check_server(server)
     properties = header_value(host)
     quoted = json.dumps(server)
+    more = f"    {DEVICES} = {_toml_string(header_value(list(devices)))}\n" if devices else ""
     return (
         f"# containerd hosts.toml for {registry}, from docker-variant k8s containerd-hosts.\n"
         f"# Pulls go to {server} with this node's supported lists; a variant-proxy there\n"
@@ -90,6 +105,7 @@ def hosts_toml(registry: str, server: str, host: SupportedLists) -> str:
         f"  capabilities = {json.dumps(list(CAPABILITIES))}\n"
         f"  [host.{quoted}.header]\n"
         f"    {HEADER} = {_toml_string(properties)}\n"
+        f"{more}"
     )
 
 

@@ -7,10 +7,13 @@ list together): ``all``; a count ``N`` (the first N devices); ``device=0,2`` or
 not change what runs).
 
 Devices are numbered as the host lists them: NVIDIA GPUs in NVML order, then AMD GPUs in
-KFD node order, then descriptor namespaces' devices by PCI address. ``lists_for_devices``
-gives what choosing means: the host's CPU lists plus, per accelerator namespace, the chosen
-devices' lists merged (first-seen order), and each chosen device's own lists, so that
-selection admits a variant only if every chosen device runs it.
+KFD node order, then descriptor namespaces' devices by PCI address. ``choose_devices`` gives
+what choosing means (no ``--gpus`` is ``all``, as a container given every GPU): the lists to
+rank by (the host's CPU lists, and per accelerator namespace the chosen devices' lists
+merged, first seen first) and each chosen device's own lists, so that selection admits a
+variant only if every chosen device runs it (``variant.devices``). ``node_header`` is the
+same for a node's containerd header: what every device runs, and the devices' own lists
+where they differ.
 """
 
 from __future__ import annotations
@@ -22,9 +25,17 @@ from docker_variant import vendors
 from docker_variant.errors import InvalidInputError
 from docker_variant.numtext import parse_number
 from docker_variant.providers.report import HostReport
+from docker_variant.variant import devices as several
 from docker_variant.variant.model import SupportedLists
 
-__all__ = ["ChosenDevices", "GpuRequest", "all_devices", "choose_devices", "parse_gpus"]
+__all__ = [
+    "ChosenDevices",
+    "GpuRequest",
+    "choose_devices",
+    "device_title",
+    "node_header",
+    "parse_gpus",
+]
 
 _IGNORED = ("capabilities", "driver", "options")
 MAX_FIELDS = 256
@@ -38,9 +49,17 @@ class GpuRequest:
 
 @dataclass(frozen=True)
 class ChosenDevices:
-    names: tuple[str, ...]  # "<index> (<device id>)" of each chosen device, in order
+    """The devices a container gets, as a selection takes them."""
+
     host: SupportedLists  # what the selection ranks by
-    devices: dict[str, SupportedLists]  # each chosen device's lists, CPU namespaces included
+    devices: dict[str, SupportedLists]  # "<index> (<device id>)" -> its lists, CPU's included
+    titles: tuple[str, ...] = ()  # "0 (sm 9.0: H100, H200, GH200)" of each, in order
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the chosen devices' lists differ (a choice for all of them can be
+        another than for any one)."""
+        return len(several.distinct(self.devices.values())) > 1
 
 
 def _fields(text: str) -> list[str]:
@@ -105,27 +124,56 @@ def _numbered(report: HostReport) -> list[Numbered]:
     return [(index, device_id, lists) for index, (device_id, lists) in enumerate(found)]
 
 
-def _with_cpu(report: HostReport, chosen: list[Numbered]) -> ChosenDevices:
-    cpu = {ns: lists for ns, lists in report.host.items() if ns in vendors.CPU_NAMESPACES}
-    host: SupportedLists = dict(cpu)
-    devices: dict[str, SupportedLists] = {}
-    for index, device_id, lists in chosen:
-        devices[f"{index} ({device_id})"] = {**cpu, **lists}
-        for namespace, features in lists.items():
-            merged = host.setdefault(namespace, {})
-            for feature, values in features.items():
-                into = merged.setdefault(feature, [])
-                into.extend(v for v in values if v not in into)
-    return ChosenDevices(tuple(devices), host, devices)
+def device_title(index: int, kind: str, lists: SupportedLists) -> str:
+    """``0 (sm 9.0: H100, H200, GH200)``: the number ``--gpus`` takes and what the device
+    is, in its vendor's words (its kind alone when they say nothing)."""
+    described = vendors.describe(kind, lists.get(kind, {})) or kind
+    what, paren, products = described.partition(" (")
+    if paren and products.endswith(")"):  # "sm 9.0 (H100, ...)": one pair of brackets
+        described = f"{what}: {products[:-1]}"
+    return f"{index} ({described})"
 
 
-def all_devices(report: HostReport) -> dict[str, SupportedLists]:
-    """Every accelerator device's lists (CPU namespaces included), named as ``--gpus``
-    numbers them: to say which devices a variant fits when no ``--gpus`` chose them."""
-    return _with_cpu(report, _numbered(report)).devices
+def _chosen(report: HostReport, chosen: list[Numbered]) -> ChosenDevices:
+    """The lists a selection for the ``chosen`` devices takes: the host's CPU namespaces
+    and those no device lists (a plugin's without devices), the chosen devices' lists for
+    the rest (a namespace none of whose devices was chosen is left out)."""
+    with_devices = {kind for kind, ids in report.devices.items() if ids}
+    host = {ns: lists for ns, lists in report.host.items() if ns not in with_devices}
+    kinds = {device_id: kind for kind, ids in report.devices.items() for device_id in ids}
+    named = {f"{index} ({device_id})": lists for index, device_id, lists in chosen}
+    rank, devices = several.for_devices(host, named)
+    titles = tuple(
+        device_title(index, kinds[device_id], lists) for index, device_id, lists in chosen
+    )
+    return ChosenDevices(rank, devices, titles)
 
 
-def choose_devices(report: HostReport, request: GpuRequest, text: str) -> ChosenDevices:
+def node_header(report: HostReport) -> tuple[SupportedLists, list[SupportedLists]]:
+    """What a node's containerd header says (``k8s containerd-hosts``, the agent): the
+    lists every device runs (the host's where it has no devices), and, where the devices'
+    lists differ, each different one's accelerator namespaces (the proxy then requires a
+    variant to fit each: cu126 runs on an H200 and an L4, yet their ``sm_arch`` lists share
+    no value). One kind of device: its lists, and no device list."""
+    chosen = choose_devices(report)
+    kinds = several.distinct(several.accelerators(lists) for lists in chosen.devices.values())
+    if len(kinds) < 2:
+        return report.host, []
+    every = several.common(kinds)
+    # the devices' namespaces say what every device runs; the CPU's (and a plugin's
+    # without devices) stay as the host lists them
+    host = {ns: every.get(ns, lists) for ns, lists in report.host.items()}
+    return {**host, **{ns: lists for ns, lists in every.items() if ns not in host}}, kinds
+
+
+def choose_devices(
+    report: HostReport, request: GpuRequest | None = None, text: str = "all"
+) -> ChosenDevices:
+    """The devices ``request`` (``--gpus`` ``text``) chooses; None: all of them, as a
+    container given every GPU (on a host without devices: the host's own lists)."""
+    numbered = _numbered(report)
+    if request is None:
+        return _chosen(report, numbered) if numbered else ChosenDevices(report.host, {})
     numbered = _numbered(report)
     if not numbered:
         raise InvalidInputError(
@@ -160,4 +208,4 @@ def choose_devices(report: HostReport, request: GpuRequest, text: str) -> Chosen
     else:
         chosen = numbered
     unique = {index: (index, device_id, lists) for index, device_id, lists in chosen}
-    return _with_cpu(report, list(unique.values()))
+    return _chosen(report, list(unique.values()))

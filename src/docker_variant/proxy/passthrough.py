@@ -42,7 +42,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from docker_variant.errors import one_line
 from docker_variant.oci.errcode import ErrorCode
-from docker_variant.oci.extension import PROPERTIES_HEADER
+from docker_variant.oci.extension import DEVICES_HEADER, PROPERTIES_HEADER
 from docker_variant.oci.http import USER_AGENT, async_client, async_transport
 from docker_variant.oci.mediatypes import MANIFEST_ACCEPT
 from docker_variant.proxy.limits import ProxyLimits
@@ -75,9 +75,14 @@ _HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-# Not forwarded upstream: the proxy's own header, Host (httpx sets the upstream's), Expect
+# Not forwarded upstream: the proxy's own headers, Host (httpx sets the upstream's), Expect
 # (the server here already answered "100 Continue" when the body was read).
-_REQUEST_DROP = _HOP_BY_HOP | {b"host", PROPERTIES_HEADER.lower().encode(), b"expect"}
+_REQUEST_DROP = _HOP_BY_HOP | {
+    b"host",
+    PROPERTIES_HEADER.lower().encode(),
+    DEVICES_HEADER.lower().encode(),
+    b"expect",
+}
 _REWRITTEN = frozenset({b"location", b"content-location", b"link"})
 _CHECK_BODY_LIMIT = 4 << 20  # a manifest's size limit
 _USER_AGENT = USER_AGENT.encode()

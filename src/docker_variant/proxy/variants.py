@@ -31,7 +31,12 @@ from docker_variant.oci.errors import (
     RegistryAuthError,
     UpstreamUnavailableError,
 )
-from docker_variant.oci.extension import EXTENSION, LABEL_HEADER, PROPERTIES_HEADER
+from docker_variant.oci.extension import (
+    DEVICES_HEADER,
+    EXTENSION,
+    LABEL_HEADER,
+    PROPERTIES_HEADER,
+)
 from docker_variant.oci.grammar import is_digest
 from docker_variant.oci.offload import off_loop
 from docker_variant.oci.scan import read_version
@@ -41,13 +46,16 @@ from docker_variant.proxy.names import Route, RouteKind
 from docker_variant.proxy.passthrough import BorrowedTransport, Upstream, proxy_base_url
 from docker_variant.proxy.responses import failure_response
 from docker_variant.server.errors import JSON, error_kind, oci_error
-from docker_variant.variant import VariantIndex, select
+from docker_variant.variant import SupportedLists, VariantIndex, select
+from docker_variant.variant.devices import for_devices
 from docker_variant.variant.model import parse_supported_lists
 from docker_variant.variant.platform import platform_of_lists
 
 __all__ = ["VariantService", "discover_document"]
 
 _MAX_PROPERTIES_HEADER = 64 << 10
+#: X-Variant-Devices lists each *different* device once: a node has a few kinds at most.
+MAX_DEVICE_LISTS = 64
 _SCAN_CONCURRENCY = 8
 _CLAIM_POLL = 0.02  # seconds between looks for another replica's scan result
 
@@ -258,6 +266,17 @@ class VariantService:
                 '{"namespace": {"feature": ["value", ...]}}',
                 {"header": PROPERTIES_HEADER},
             )
+        devices_header = request.headers.get(DEVICES_HEADER)
+        try:
+            devices = _device_lists(devices_header) if devices_header is not None else []
+        except (ValueError, InvalidInputError) as exc:
+            return oci_error(
+                400,
+                ErrorCode.MANIFEST_INVALID,
+                f"invalid {DEVICES_HEADER} header: {exc}; expected a compact JSON array of "
+                f'1 to {MAX_DEVICE_LISTS} {{"namespace": {{"feature": ["value", ...]}}}}',
+                {"header": DEVICES_HEADER},
+            )
         result = await self.index_for(request, route.name, route.reference)
         if isinstance(result, Response):
             return result
@@ -266,8 +285,10 @@ class VariantService:
             return await self.upstream.forward(request, route)  # not a variant version
         # The header's CPU namespace says the caller's platform (docs/reference/image-index.md).
         platform = platform_of_lists(host)
+        # a node whose devices differ: a variant must fit each (ranked by their merged lists)
+        rank, per_device = for_devices(host, {f"{i}": d for i, d in enumerate(devices)})
         try:
-            selection = select(index, host, platform)
+            selection = select(index, rank, platform, per_device)
         except InvalidInputError as exc:
             return oci_error(400, ErrorCode.MANIFEST_INVALID, f"X-Variant-Properties header: {exc}")
         best = selection.best
@@ -280,7 +301,7 @@ class VariantService:
                 f"X-Variant-Properties ({reasons or 'the version has no images'})",
                 {c.label or c.tag: c.reason for c in selection.rejected},
             )
-        extra = {"Vary": PROPERTIES_HEADER}
+        extra = {"Vary": f"{PROPERTIES_HEADER}, {DEVICES_HEADER}"}
         if best.label is not None:  # the bare image has no label: the header is left out
             extra[LABEL_HEADER] = best.label
         # By digest where the tag would not name this image: a platform's manifest inside
@@ -342,3 +363,14 @@ def _as_registry_error(exc: BaseException, base_url: str) -> BaseException:
         )
     error.__cause__ = exc
     return error
+
+
+def _device_lists(header: str) -> list[SupportedLists]:
+    """``X-Variant-Devices``: each different device's lists, a JSON array."""
+    if len(header) > _MAX_PROPERTIES_HEADER:
+        raise InvalidInputError(f"longer than {_MAX_PROPERTIES_HEADER} bytes")
+    what = f"{DEVICES_HEADER} header"
+    data = load_json(header, what)
+    if not isinstance(data, list) or not 1 <= len(data) <= MAX_DEVICE_LISTS:
+        raise InvalidInputError(f"not an array of 1 to {MAX_DEVICE_LISTS} lists")
+    return [parse_supported_lists(lists, f"{what}[{i}]") for i, lists in enumerate(data)]

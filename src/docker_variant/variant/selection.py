@@ -7,23 +7,23 @@ With a ``platform`` (docs/reference/image-index.md), images that list their plat
 host's matches are rejected (``no linux/arm64 image``), and a chosen image's digest is that
 platform's manifest. Images that list no platforms are taken to be for the host's.
 
-With ``devices`` (each device's own lists, CPU namespaces included), a variant must also
-fit every device (``every_device=True``: ``--gpus`` chose exactly those devices), or a
-compatible variant that fits only some of the devices of the namespaces it names says so in
-``Candidate.devices_note`` (the host's aggregate lists admit it, a container seeing all the
-devices may not run on each).
+With ``devices`` (each device's own lists, CPU namespaces included: the devices a container
+gets, ``variant.devices.for_devices``), a variant must also fit every device that lists an
+accelerator namespace the variant names (a CUDA build is judged on each NVIDIA GPU, never on
+an AMD one); one that does not is rejected naming the first device it does not fit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from docker_variant.variant.index import ImageRef, VariantIndex
 from docker_variant.variant.model import NULL_LABEL, SupportedLists, Variant
 from docker_variant.variant.ordering import HostMatcher, RankKey, Rejection
 from docker_variant.variant.platform import Platform
+from docker_variant.vendors import CPU_NAMESPACES
 
 __all__ = ["Candidate", "Selection", "select"]
 
@@ -42,7 +42,6 @@ class Candidate:
     rank: int | None = None  # 1 = best; None when not compatible
     reason: str | None = None  # why it does not fit (or why it is invalid)
     platform: str | None = None  # the image platform chosen for the host, when listed
-    devices_note: str | None = None  # "fits 1 of 2 devices (...)": fits some devices, not all
 
     @property
     def compatible(self) -> bool:
@@ -68,7 +67,6 @@ def select(
     host: SupportedLists,
     platform: Platform | None = None,
     devices: Mapping[str, SupportedLists] | None = None,
-    every_device: bool = False,
 ) -> Selection:
     # a static provider's properties hold on every host and device (no plugin to run)
     matcher = HostMatcher(index.with_static_properties(host), index.namespace_order)
@@ -79,7 +77,6 @@ def select(
     scored: list[tuple[RankKey, Variant]] = []
     rejected: list[Candidate] = []
     chosen: dict[str | None, tuple[str, str | None]] = {}  # label -> (digest, platform)
-    notes: dict[str, str] = {}  # label -> which devices it does not fit
     for label, image in [*index.images.items(), (None, index.bare)]:
         if image is None:
             continue
@@ -100,22 +97,18 @@ def select(
         if variant.is_null:
             continue
         outcome = matcher.evaluate(variant)
-        misfit = _device_misfits(variant, per_device, every_device)
         if isinstance(outcome, Rejection):
             rejected.append(_candidate(index, variant, reason=outcome.reason))
-        elif every_device and misfit:
-            rejected.append(_candidate(index, variant, reason=misfit[0]))
+        elif misfit := _device_misfit(variant, per_device):
+            rejected.append(_candidate(index, variant, reason=misfit))
         else:
             scored.append((outcome, variant))
-            if misfit:
-                notes[variant.label] = misfit[1]
     scored.sort(key=lambda item: item[0])
     ordered = [variant for _, variant in scored]
     null = index.variants.get(NULL_LABEL)
     if null is not None and (NULL_LABEL not in index.images or NULL_LABEL in chosen):
         ordered.append(null)
     ranked = [_candidate(index, v, chosen.get(v.label), rank=i) for i, v in enumerate(ordered, 1)]
-    ranked = [replace(c, devices_note=notes.get(c.label or "")) for c in ranked]
     if index.bare is not None and None in chosen:
         digest, on = chosen[None]
         ranked.append(
@@ -139,28 +132,22 @@ def _candidate(
     return Candidate(variant.label, image.tag, digest, kind, variant, rank, reason, on)
 
 
-def _device_misfits(
-    variant: Variant, per_device: Mapping[str, HostMatcher], every_device: bool
-) -> tuple[str, str] | None:
-    """``(reason, note)`` when the variant does not fit every device that counts: with
-    ``every_device`` all of them, else those with lists for a namespace the variant names."""
-    if not per_device:
-        return None
-    counted = {
-        name: matcher
+def _device_misfit(variant: Variant, per_device: Mapping[str, HostMatcher]) -> str | None:
+    """Why the variant does not run on every device that counts for it (those listing an
+    accelerator namespace it names); None when it does."""
+    named = [ns for ns in variant.namespaces if ns not in CPU_NAMESPACES]
+    counted = [
+        (name, matcher)
         for name, matcher in per_device.items()
-        if every_device or any(matcher.host.get(ns) for ns in variant.namespaces)
-    }
-    misfits = {
-        name: outcome.reason
-        for name, matcher in counted.items()
+        if any(ns in matcher.host for ns in named)
+    ]
+    misfits = [
+        (name, outcome.reason)
+        for name, matcher in counted
         if isinstance(outcome := matcher.evaluate(variant), Rejection)
-    }
+    ]
     if not misfits:
         return None
-    name, why = next(iter(misfits.items()))
-    fitting = len(counted) - len(misfits)
-    reason = f"does not fit device {name}: {why}"
-    others = f" and {len(misfits) - 1} more" if len(misfits) > 1 else ""
-    note = f"fits {fitting} of {len(counted)} devices (not {name}{others}: {why})"
-    return reason, note
+    name, why = misfits[0]
+    others = f" (nor {len(misfits) - 1} more of the {len(counted)})" if len(misfits) > 1 else ""
+    return f"does not fit device {name}{others}: {why}"
