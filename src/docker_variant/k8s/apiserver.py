@@ -66,6 +66,8 @@ def connect(
     from lightkube import Client, KubeConfig
     from lightkube.config.client_adapter import verify_cluster
 
+    from docker_variant.oci.http import sync_transport
+
     try:
         if kubeconfig is not None:
             config = KubeConfig.from_file(kubeconfig)  # type: ignore[no-untyped-call]
@@ -76,7 +78,7 @@ def connect(
                 # the transport lightkube would make: the cluster's CA, the user's certificate
                 single = config.get()
                 verify = verify_cluster(single.cluster, single.user, single.abs_file)
-                transport = httpx.HTTPTransport(verify=verify)
+                transport = sync_transport(tls=verify)
             transport = StrictFields(transport)
         extra: dict[str, Any] = {} if transport is None else {"transport": transport}
         return Client(
