@@ -263,14 +263,18 @@ def nginx_binary() -> str | None:
     return found
 
 
-def start_nginx(site: Callable[[int], str], root: Path, timeout: float = 15) -> Service:
+def start_nginx(
+    site: Callable[[int], str], root: Path, timeout: float = 15, *, port: int | None = None
+) -> Service:
     """nginx running ``site(port)`` (http-level directives: upstreams, maps, servers that
-    listen on ``127.0.0.1:port``, a free loopback port) as one worker, everything it writes
-    under ``root``."""
+    listen on ``127.0.0.1:port``, a free loopback port or ``port``) as one worker, everything
+    it writes under ``root``."""
     binary = nginx_binary()
     if binary is None:
         raise StartError("nginx is not installed (Debian package nginx-light)")
     root.mkdir(parents=True, exist_ok=True)
+    if port is not None:  # named before it starts, e.g. in a registry's notifications URL
+        return _start_nginx(binary, site(port), root, port, timeout)
     return _on_free_port(
         lambda port: _start_nginx(binary, site(port), root, port, timeout), "nginx"
     )
@@ -301,9 +305,10 @@ def _start_nginx(binary: str, server_conf: str, root: Path, port: int, timeout: 
         raise StartError(f"{error} {errors}") from None
 
 
-def start_nginx_front(registry: str, proxy: str, root: Path) -> Service:
+def start_nginx_front(registry: str, proxy: str, root: Path, *, port: int | None = None) -> Service:
     """The shipped ``deploy/nginx/variant-proxy.conf`` in front of the registry and the
-    proxy at ``registry`` and ``proxy`` (``127.0.0.1:PORT``), on a free loopback port."""
+    proxy at ``registry`` and ``proxy`` (``127.0.0.1:PORT``), on a free loopback port (or
+    ``port``)."""
     shipped = NGINX_FRONT.read_text()
     for placeholder in _FRONT_PLACEHOLDERS:
         if shipped.count(placeholder) != 1:
@@ -316,7 +321,7 @@ def start_nginx_front(registry: str, proxy: str, root: Path) -> Service:
             .replace(_FRONT_PLACEHOLDERS[2], f"listen 127.0.0.1:{port};")
         )
 
-    return start_nginx(site, root)
+    return start_nginx(site, root, port=port)
 
 
 def start_redis(root: Path, timeout: float = 15) -> Service:

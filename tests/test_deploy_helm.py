@@ -5,6 +5,7 @@ same objects). helm and kubectl are the real binaries (scripts/k8s-tools)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -348,3 +349,40 @@ def test_a_second_agent_keeps_containerd_hosts_as_root_without_capabilities() ->
     spec = off[("DaemonSet", "variant-agent")]["spec"]["template"]["spec"]
     assert [c["name"] for c in spec["containers"]] == ["variant-agent"]
     assert "containerd-certs" not in {v["name"] for v in spec["volumes"]}
+
+
+# --------------------------------------------------------------------------- notifications
+def test_the_registry_is_told_to_notify_the_front_which_admits_only_its_addresses() -> None:
+    objects = _by_key(_template("proxy.notify.allowFrom={10.244.0.0/16,fd00::/8}"))
+    front = objects[("ConfigMap", "variant-proxy-nginx")]["data"]["variant-proxy.conf"]
+    location = front[front.index("location = /_notify {") :]
+    location = location[: location.index("\n    }")]
+    rules = [
+        line.strip() for line in location.splitlines() if line.strip().startswith(("allow", "deny"))
+    ]
+    # POST alone (limit_except), then loopback and the addresses given, then nobody else
+    assert rules == ["deny all;", "allow 127.0.0.1;", "allow 10.244.0.0/16;", "allow fd00::/8;",
+                     "deny all;"]  # fmt: skip
+    config = objects[("ConfigMap", "variant-proxy-registry-notifications")]["data"]["config.yml"]
+    (endpoint,) = yaml.safe_load(config)["notifications"]["endpoints"]
+    service = objects[("Service", "variant-proxy")]["spec"]
+    (https,) = [p["port"] for p in service["ports"] if p["name"] == "https"]
+    assert (
+        endpoint["url"] == f"https://variant-proxy.docker-variant.svc.cluster.local:{https}/_notify"
+    )
+    assert [h.split()[0] for h in endpoint["headers"]["Authorization"]] == ["Bearer"]
+    assert (endpoint["timeout"], endpoint["threshold"], endpoint["backoff"]) == ("1s", 5, "1s")
+    pod = objects[("Deployment", "variant-proxy")]["spec"]["template"]["spec"]
+    (proxy,) = [c for c in pod["containers"] if c["name"] == "variant-proxy"]
+    assert any(a.startswith("--notify-secret-file=") for a in proxy["args"])
+    default = _by_key(_template())[("ConfigMap", "variant-proxy-nginx")]["data"]
+    assert "allow 127.0.0.1;\n        # allow" in default["variant-proxy.conf"]  # loopback alone
+
+
+@pytest.mark.parametrize("value", ["all", "10.0.0.0/8; allow all"])
+def test_a_notify_address_that_is_no_address_is_refused_by_name(value: str) -> None:
+    argv = [_tool("helm"), "template", "x", str(CHART), "--set-json",
+            f"proxy.notify.allowFrom={json.dumps([value])}"]  # fmt: skip
+    result = subprocess.run(argv, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "proxy.notify.allowFrom" in result.stderr and value in result.stderr, result.stderr

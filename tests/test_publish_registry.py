@@ -22,6 +22,7 @@ from docker_variant.oci.scan import read_version, scan_index
 from docker_variant.providers.nvidia import nvidia_features
 from fakeupstream import FakeUpstream, Reply, Seen
 from imaging import ImageBuilder, push_index, variant_labels
+from proxyrunner import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -386,8 +387,13 @@ def test_proxy_reads_a_published_index_in_one_request_and_invalidates_on_its_put
         before = len(devstack.registry_requests(upstream))
         fresh = httpx.get(url)
         assert sorted(fresh.json()["variants"]) == ["v1", "v2", "v3"]  # the PUT invalidated
+        index = "/v2/pp/app/manifests/1.0.0"
+        # the registry's log line, awaited: it may land after the proxy has answered
+        eventually(
+            lambda: index in devstack.registry_requests(upstream)[before:], 20, "the index GET"
+        )
         cold = devstack.registry_requests(upstream)[before:]
-        assert cold == ["/v2/pp/app/manifests/1.0.0"]  # one request: the index
+        assert cold == [index]  # one request: the index
     finally:
         proxy.stop()
         upstream.stop()
