@@ -8,6 +8,7 @@ its own Node's ``variant.pep817.dev/`` labels, as the kubelet's NodeRestriction 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -230,3 +231,42 @@ def test_the_policy_confines_the_agent_to_its_own_nodes_labels(
     assert node["metadata"]["labels"]["team"] == "a"
     assert node["metadata"]["labels"][f"{LABEL_PREFIX}/nvidia.sm_arch.9"] == "0"
     assert not node["spec"].get("unschedulable")
+
+
+def _sh_block(heading: str) -> str:
+    page = (REPO / "docs" / "reference" / "kubernetes.md").read_text()
+    section = page[page.index(heading) :]
+    block = section[section.index("```sh\n") + 6 :]
+    return block[: block.index("```")]
+
+
+def test_the_pages_node_label_command_runs_verbatim(
+    kube: Any, kube_api: httpx.Client, tmp_path: Path
+) -> None:
+    """ "Labels the agent keeps": the page's by-hand command, run as written with kubectl on
+    the real control plane, gives the Node exactly ``node_labels``."""
+    kubectl = REPO / ".cache" / "k8s-tools" / "kubectl"
+    if not kubectl.is_file():
+        pytest.skip("kubectl comes from scripts/k8s-tools (run by scripts/setup)")
+    ready_node(kube_api, "by-hand", {})
+    (tmp_path / "node.json").write_text((HOSTS / "h200-r570.json").read_text())
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "kubectl").symlink_to(kubectl)
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", _sh_block("### Labels the agent keeps")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **os.environ,
+            "KUBECONFIG": str(kube.kubeconfig),
+            "NODE": "by-hand",
+            "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+        },
+    )
+    assert done.returncode == 0, done.stderr
+    labels = kubeplane.get(kube_api, "Node", "by-hand")["metadata"]["labels"]
+    ours = {k: v for k, v in labels.items() if k.startswith(f"{LABEL_PREFIX}/")}
+    assert ours == node_labels(host_lists(HOSTS / "h200-r570.json")).labels
