@@ -155,19 +155,6 @@ def kube_api(kube: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
         )
         client.headers["X-Test-Namespace"] = namespace
         yield client
-        for kind in (
-            "Job",
-            "Pod",
-            "ResourceClaimTemplate",
-            "ResourceClaim",
-            "PodGroup",
-            "Workload",
-        ):
-            kubeplane.delete_all(client, kind, namespace)
-        # Claims carry the controller's finalizer until their pods are gone: await that.
-        kubeplane.await_value(
-            lambda: True if not kubeplane.items(client, "ResourceClaim", namespace) else None,
-            "the test's ResourceClaims to be deleted",
-        )
+        kubeplane.clear_namespace(client, namespace)
         for kind in ("ResourceSlice", "Node", "DeviceClass"):
             kubeplane.delete_all(client, kind)

@@ -53,17 +53,6 @@ INDEX = VariantIndex.from_json(json.loads(PYTORCH.read_text()), "pytorch")
 DIGEST = "sha256:" + "c" * 64
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "docker_variant", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
-        cwd=REPO,
-    )
-
-
 def fixture(name: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all((FIXTURES / f"{name}.yaml").read_text()) if d]
 
@@ -123,7 +112,7 @@ def test_the_cli_bound_is_the_modules() -> None:
 
 def test_a_gang_of_4_on_4_h100_and_2_a100_is_pinned_to_cu128_on_h100(tmp_path: Path) -> None:
     index = pinned_index(tmp_path)
-    done = cli(
+    done = kubeplane.cli(
         "k8s", "gang", "--index", str(index), "--image", "registry.example.com/pytorch",
         "--pods", "4", "--count", "8", "--cluster", str(dump(tmp_path, cluster(4, 2))),
     )  # fmt: skip
@@ -158,7 +147,7 @@ def test_two_a100_nodes_free_gang_of_2_takes_cu126_and_a_refusal_says_why(
     plan = plan_gang(INDEX, read_cluster(cluster_objects(objs)), 2, 8)
     assert isinstance(plan, Gang)
     assert (plan.label, plan.product) == ("cu126", "NVIDIA A100-SXM4-80GB")
-    done = cli(
+    done = kubeplane.cli(
         "k8s", "gang", "--index", str(PYTORCH), "--image", "reg.example/pytorch",
         "--pods", "4", "--count", "8", "--cluster", str(dump(tmp_path, objs)),
     )  # fmt: skip
@@ -199,12 +188,12 @@ def test_claimed_devices_are_not_free(tmp_path: Path) -> None:
 def test_bad_input_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("kind: [\n")
-    done = cli(
+    done = kubeplane.cli(
         "k8s", "gang", "--index", str(PYTORCH), "--image", "r.example/p", "--cluster", str(bad)
     )
     assert done.returncode == 2 and "not YAML or JSON" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
-    done = cli("k8s", "gang", "--index", str(PYTORCH), "--cluster", str(bad))
+    done = kubeplane.cli("k8s", "gang", "--index", str(PYTORCH), "--cluster", str(bad))
     assert done.returncode == 2 and "--index needs --image" in done.stderr
 
 
@@ -380,7 +369,7 @@ def test_the_docs_gang_commands_run_verbatim() -> None:
     for command in commands:
         if "--apply" in command or "--kubeconfig" in command:
             continue  # run on the real control plane below
-        done = cli(*shlex.split(command)[1:])
+        done = kubeplane.cli(*shlex.split(command)[1:])
         assert done.returncode == 0, (command, done.stderr)
         kinds = [d["kind"] for d in yaml.safe_load_all(done.stdout)]
         assert kinds == ["ResourceClaimTemplate", "Workload", "PodGroup", "Job"], command
@@ -484,7 +473,7 @@ def test_a_plain_job_with_the_claim_template_mixes_variants(kube_api: httpx.Clie
     its own node: cu128 on the H100s, cu126 on the A100s."""
     ns = namespace_of(kube_api)
     load(kube_api, cluster(2, 2))
-    done = cli("k8s", "claim", "--index", str(PYTORCH), "--count", "1")
+    done = kubeplane.cli("k8s", "claim", "--index", str(PYTORCH), "--count", "1")
     assert done.returncode == 0, done.stderr
     (template,) = yaml.safe_load_all(done.stdout)
     kubeplane.create(kube_api, template, ns)
@@ -497,7 +486,7 @@ def test_a_plain_job_with_the_claim_template_mixes_variants(kube_api: httpx.Clie
 def gang_of(
     tmp_path: Path, objs: list[dict[str, Any]], pods: int, count: int
 ) -> list[dict[str, Any]]:
-    done = cli(
+    done = kubeplane.cli(
         "k8s", "gang", "--index", str(pinned_index(tmp_path)), "--image", "reg.example/pytorch",
         "--pods", str(pods), "--count", str(count), "--name", "gang",
         "--cluster", str(dump(tmp_path, objs)),
@@ -613,7 +602,7 @@ def test_apply_creates_the_gang_strictly_through_the_kubeconfig(
 ) -> None:
     ns = namespace_of(kube_api)
     load(kube_api, cluster(2, 0))
-    done = cli(
+    done = kubeplane.cli(
         "k8s", "gang", "--index", str(PYTORCH), "--image", "reg.example/pytorch", "--pods", "2",
         "--kubeconfig", str(kube.kubeconfig), "--namespace", ns, "--name", "applied", "--apply",
     )  # fmt: skip
@@ -673,16 +662,4 @@ def test_the_docs_replan_commands_run_verbatim(kube: Any, kube_api: httpx.Client
             assert done.returncode == 0, done.stderr
             bound(client, "pytorch-2-12-0", 4)
         finally:
-            for kind in (
-                "Job",
-                "Pod",
-                "ResourceClaimTemplate",
-                "ResourceClaim",
-                "PodGroup",
-                "Workload",
-            ):
-                kubeplane.delete_all(client, kind, "default")
-            kubeplane.await_value(
-                lambda: True if not kubeplane.items(client, "ResourceClaim", "default") else None,
-                "the default namespace's claims to be deleted",
-            )
+            kubeplane.clear_namespace(client, "default")

@@ -27,7 +27,7 @@ from docker_variant.variant.devices import for_devices
 from docker_variant.variant.ordering import Rejection
 from docker_variant.variant.platform import platform_of_lists
 from docker_variant.vendors import nvidia
-from test_kube_real import _device, allocation, load_nodes, namespace_of, pod, printed, results
+from kubeplane import allocation, device_of, load_nodes, namespace_of, pod, printed, results
 
 REPO = Path(__file__).resolve().parent.parent
 PYTORCH = REPO / "examples" / "pytorch-2.12.0.json"
@@ -101,7 +101,7 @@ def test_each_pod_on_the_mixed_node_gets_an_image_its_gpu_runs(kube_api: httpx.C
         bound, claim = allocation(kube_api, pod_name)
         assert bound == NODE
         (result,) = results(claim)
-        device = _device(kube_api, result)
+        device = device_of(kube_api, result)
         given[pod_name] = device["attributes"]["productName"]["string"]
         lists = {**host, **device_lists(device)}
         assert runs_on(image, lists), (pod_name, given[pod_name], image.label)

@@ -233,13 +233,6 @@ def test_the_policy_confines_the_agent_to_its_own_nodes_labels(
     assert not node["spec"].get("unschedulable")
 
 
-def _sh_block(heading: str) -> str:
-    page = (REPO / "docs" / "reference" / "kubernetes.md").read_text()
-    section = page[page.index(heading) :]
-    block = section[section.index("```sh\n") + 6 :]
-    return block[: block.index("```")]
-
-
 def test_the_pages_node_label_command_runs_verbatim(
     kube: Any, kube_api: httpx.Client, tmp_path: Path
 ) -> None:
@@ -254,7 +247,7 @@ def test_the_pages_node_label_command_runs_verbatim(
     bin_dir.mkdir()
     (bin_dir / "kubectl").symlink_to(kubectl)
     done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", _sh_block("### Labels the agent keeps")],
+        ["bash", "-euo", "pipefail", "-c", kubeplane.sh_block("### Labels the agent keeps")],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -10,118 +10,33 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 import kubecluster
 import kubeplane
-from kubeplane import ApiError
+from kubeplane import (
+    ApiError,
+    allocation,
+    device_of,
+    load_nodes,
+    namespace_of,
+    pod,
+    product_of,
+    results,
+    unschedulable,
+    variant_of,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 PYTORCH = EXAMPLES / "pytorch-2.12.0.json"
-CLUSTER = Path(__file__).resolve().parent / "fixtures" / "k8s"
 KUBECTL = REPO / ".cache" / "k8s-tools" / "kubectl"
 
 pytestmark = pytest.mark.kube
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "docker_variant", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-
-
-def printed(*args: str) -> list[dict[str, Any]]:
-    """The objects a ``docker-variant`` command prints (YAML documents)."""
-    done = cli(*args)
-    assert done.returncode == 0, done.stderr
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
-
-
-def load_nodes(client: httpx.Client, *names: str) -> None:
-    """The device classes, then each named node (Ready) with its drivers' ResourceSlices."""
-    if not kubeplane.items(client, "DeviceClass"):
-        kubeplane.create_all(
-            client, yaml.safe_load_all((CLUSTER / "deviceclasses.yaml").read_text())
-        )
-    for name in names:
-        for obj in yaml.safe_load_all((CLUSTER / f"{name}.yaml").read_text()):
-            if obj["kind"] == "Node":
-                kubeplane.make_ready(client, obj)
-            else:
-                kubeplane.create(client, obj)
-
-
-def pod(name: str, template: str, node: str | None = None, image: str = "app") -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "containers": [
-            {"name": "main", "image": image, "resources": {"claims": [{"name": "gpus"}]}}
-        ],
-        "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template}],
-    }
-    if node is not None:
-        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
-
-
-def namespace_of(client: httpx.Client) -> str:
-    return client.headers["X-Test-Namespace"]
-
-
-def allocation(client: httpx.Client, pod_name: str) -> tuple[str, dict[str, Any]]:
-    """Await the pod's binding and its claim's allocation: (node, claim)."""
-    ns = namespace_of(client)
-
-    def bound() -> tuple[str, dict[str, Any]] | None:
-        current = kubeplane.get(client, "Pod", pod_name, ns)
-        node = current["spec"].get("nodeName")
-        statuses = current.get("status", {}).get("resourceClaimStatuses") or []
-        if not node or not statuses:
-            return None
-        claim = kubeplane.get(client, "ResourceClaim", statuses[0]["resourceClaimName"], ns)
-        if not claim.get("status", {}).get("allocation"):
-            return None
-        return node, claim
-
-    return kubeplane.await_value(bound, f"pod {pod_name} to be bound with its claim allocated")
-
-
-def results(claim: dict[str, Any]) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = claim["status"]["allocation"]["devices"]["results"]
-    return found
-
-
-def unschedulable(client: httpx.Client, pod_name: str) -> str:
-    """Await the scheduler's verdict that the pod cannot be placed: its message."""
-    ns = namespace_of(client)
-
-    def refused() -> str | None:
-        current = kubeplane.get(client, "Pod", pod_name, ns)
-        assert not current["spec"].get("nodeName"), f"{pod_name} was bound"
-        for condition in current.get("status", {}).get("conditions") or []:
-            if condition["type"] == "PodScheduled" and condition.get("reason") == "Unschedulable":
-                return str(condition.get("message", ""))
-        return None
-
-    return kubeplane.await_value(refused, f"pod {pod_name} to be found unschedulable")
-
-
-def variant_of(claim: dict[str, Any], subrequest: str) -> str:
-    """The variant a claim's subrequest stands for, from the mapping the template put in
-    ``spec.metadata`` (the controller copies it into every claim)."""
-    mapping = json.loads(claim["metadata"]["annotations"]["variant.pep817.dev/subrequests"])
-    (label,) = [labels[0] for name, labels in mapping.items() if name == subrequest]
-    return str(label)
 
 
 # --- the control plane itself -------------------------------------------------------------
@@ -189,7 +104,9 @@ def test_kube_up_refuses_a_used_directory(tmp_path: Path) -> None:
 def test_every_generated_claim_is_accepted_strictly(kube_api: httpx.Client) -> None:
     ns = namespace_of(kube_api)
     for count in ("1", "4"):
-        for template in printed("k8s", "claim", "--index", str(PYTORCH), "--count", count):
+        for template in kubeplane.printed(
+            "k8s", "claim", "--index", str(PYTORCH), "--count", count
+        ):
             template["metadata"]["name"] += f"-{count}"
             created = kubeplane.create(kube_api, template, ns)
             assert created["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]
@@ -232,7 +149,7 @@ def test_the_real_apiserver_refuses_broken_claims(
 ) -> None:
     """What kubernetes-validate let through (issue: a claim broken on purpose) the apiserver
     refuses, so the real control plane is the proof of every object we print."""
-    (template,) = printed("k8s", "claim", "--index", str(PYTORCH), "--count", "2")
+    (template,) = kubeplane.printed("k8s", "claim", "--index", str(PYTORCH), "--count", "2")
     with pytest.raises(ApiError) as refused:
         kubeplane.create(kube_api, _broken(template, how), namespace_of(kube_api))
     assert refused.value.status in (400, 422)
@@ -243,24 +160,8 @@ def test_the_real_apiserver_refuses_broken_claims(
 
 
 def _template(*args: str) -> dict[str, Any]:
-    (template,) = printed("k8s", "claim", *args)
+    (template,) = kubeplane.printed("k8s", "claim", *args)
     return template
-
-
-def _device(client: httpx.Client, result: dict[str, Any]) -> dict[str, Any]:
-    """The ResourceSlice device an allocation result names."""
-    for slice_ in kubeplane.items(client, "ResourceSlice"):
-        if slice_["spec"]["pool"]["name"] == result["pool"]:
-            for device in slice_["spec"]["devices"]:
-                if device["name"] == result["device"]:
-                    found: dict[str, Any] = device
-                    return found
-    raise AssertionError(f"no device {result}")
-
-
-def _product(client: httpx.Client, result: dict[str, Any]) -> str:
-    attributes = _device(client, result)["attributes"]
-    return str(attributes["productName"]["string"])
 
 
 def test_pytorch_claim_gives_h100_cu128_and_a100_cu126(kube_api: httpx.Client) -> None:
@@ -284,7 +185,7 @@ def test_pytorch_claim_gives_h100_cu128_and_a100_cu126(kube_api: httpx.Client) -
         (result,) = results(claim)
         assert result["request"] == f"gpu/{variant}"
         assert result["pool"] == node
-        assert product in _product(kube_api, result)
+        assert product in product_of(kube_api, result)
         assert variant_of(claim, variant) == variant
 
 
@@ -300,12 +201,12 @@ def test_the_next_subrequest_when_the_better_device_is_taken(kube_api: httpx.Cli
     _, claim = allocation(kube_api, "first")
     (result,) = results(claim)
     assert result["request"] == "gpu/cu128"
-    assert "H200" in _product(kube_api, result)
+    assert "H200" in product_of(kube_api, result)
     kubeplane.create(kube_api, pod("second", name), ns)
     _, claim = allocation(kube_api, "second")
     (result,) = results(claim)
     assert result["request"] == "gpu/cu126"
-    assert "L4" in _product(kube_api, result)
+    assert "L4" in product_of(kube_api, result)
     assert variant_of(claim, "cu126") == "cu126"
     kubeplane.create(kube_api, pod("third", name), ns)
     assert "cannot allocate all claims" in unschedulable(kube_api, "third")
@@ -334,7 +235,7 @@ def test_amd_partitions_and_vfs_are_not_taken_by_default(kube_api: httpx.Client)
     node, claim = allocation(kube_api, "parts-cpx")
     (result,) = results(claim)
     assert node == "mi300x-cpx"
-    assert _device(kube_api, result)["attributes"]["type"]["string"] == "amdgpu-partition"
+    assert device_of(kube_api, result)["attributes"]["type"]["string"] == "amdgpu-partition"
     assert "cannot allocate all claims" in unschedulable(kube_api, "parts-vf")
 
 
@@ -354,7 +255,7 @@ def test_amd_whole_gpus_by_rocm_release_and_the_in_tree_driver(kube_api: httpx.C
         bound, claim = allocation(kube_api, f"on-{node}")
         (result,) = results(claim)
         assert (bound, result["request"]) == (node, f"gpu/{variant}")
-        assert _device(kube_api, result)["attributes"]["type"]["string"] == "amdgpu"
+        assert device_of(kube_api, result)["attributes"]["type"]["string"] == "amdgpu"
 
 
 # --- every CEL selector the CLI can emit, through the real DRA CEL compiler ----------------
@@ -438,14 +339,6 @@ def test_every_selector_compiles_within_the_cost_limit() -> None:
     assert len(verdicts) == len(expressions)
 
 
-def _doc_commands(heading: str) -> str:
-    """The shell lines of the first ``sh`` block under ``heading`` in the Kubernetes page."""
-    page = (REPO / "docs" / "reference" / "kubernetes.md").read_text()
-    section = page[page.index(heading) :]
-    block = section[section.index("```sh\n") + 6 :]
-    return block[: block.index("```")]
-
-
 def test_a_pod_learns_its_variant_as_the_docs_say(
     kube: Any, kube_api: httpx.Client, tmp_path: Path
 ) -> None:
@@ -456,7 +349,7 @@ def test_a_pod_learns_its_variant_as_the_docs_say(
     load_nodes(kube_api, "mi300x")
     ns = namespace_of(kube_api)
     rocm_app = EXAMPLES / "rocm-app-1.0.0.json"
-    (template,) = printed("k8s", "claim", "--index", str(rocm_app), "--count", "1")
+    (template,) = kubeplane.printed("k8s", "claim", "--index", str(rocm_app), "--count", "1")
     kubeplane.create(kube_api, template, ns)
     kubeplane.create(kube_api, pod("app", template["metadata"]["name"]), ns)
     allocation(kube_api, "app")
@@ -467,7 +360,7 @@ def test_a_pod_learns_its_variant_as_the_docs_say(
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "kubectl").symlink_to(KUBECTL)
-    commands = _doc_commands("### Which variant a pod got")
+    commands = kubeplane.sh_block("### Which variant a pod got")
     done = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", commands],
         capture_output=True,
