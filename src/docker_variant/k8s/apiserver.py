@@ -65,21 +65,26 @@ def connect(
     (``StrictFields``)."""
     from lightkube import Client, KubeConfig
     from lightkube.config.client_adapter import verify_cluster
+    from lightkube.config.models import User
 
     from docker_variant.oci.http import sync_transport
 
     try:
         if kubeconfig is not None:
-            config = KubeConfig.from_file(kubeconfig)  # type: ignore[no-untyped-call]
+            config = KubeConfig.from_file(kubeconfig)
         else:
-            config = KubeConfig.from_env()  # type: ignore[no-untyped-call]
+            config = KubeConfig.from_env()
         if strict:
             if transport is None:
                 # the transport lightkube would make: the cluster's CA, the user's certificate
                 single = config.get()
-                verify = verify_cluster(single.cluster, single.user, single.abs_file)
+                if single is None:
+                    raise ValueError("no current context")
+                verify = verify_cluster(single.cluster, single.user or User(), single.abs_file)
                 transport = sync_transport(tls=verify)
             transport = StrictFields(transport)
+        elif transport is not None:
+            transport = Handed(transport)
         extra: dict[str, Any] = {} if transport is None else {"transport": transport}
         return Client(
             config, timeout=httpx.Timeout(REQUEST_TIMEOUT_S), field_manager=field_manager, **extra
@@ -129,20 +134,32 @@ class NodeLabeller:
             ) from None
 
 
-class StrictFields(httpx.BaseTransport):
-    """An httpx transport that asks ``fieldValidation=Strict`` of every write (lightkube's
-    ``create`` has no such parameter), then sends the request through ``inner``."""
+class Handed(httpx.BaseTransport):
+    """A transport handed to lightkube as it is. lightkube 0.19 and later deep-copy the
+    client's connection parameters (``dataclasses.asdict``), which would copy the transport:
+    its SSL context (that cannot be copied) and any state of its own. This one is not copied."""
 
     def __init__(self, inner: httpx.BaseTransport) -> None:
         self.inner = inner
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Handed:
+        return self
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class StrictFields(Handed):
+    """An httpx transport that asks ``fieldValidation=Strict`` of every write (lightkube's
+    ``create`` has no such parameter), then sends the request through ``inner``."""
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if request.method in ("POST", "PUT", "PATCH"):
             request.url = request.url.copy_merge_params({"fieldValidation": "Strict"})
         return self.inner.handle_request(request)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def _refused(what: str, exc: Exception) -> UnreachableError:
@@ -189,7 +206,9 @@ def create_all(
     for document in objects:
         what = f"{document['kind']}/{document['metadata']['name']}"
         try:
-            client.create(from_dict(document), namespace=namespace)  # type: ignore[call-overload]
+            # the overloads tell global from namespaced kinds statically; a document is either
+            resource: Any = from_dict(document)
+            client.create(resource, namespace=namespace)
         except (ApiError, httpx.HTTPError) as exc:
             raise _refused(f"creating {what}", exc) from None
         created.append(what)
