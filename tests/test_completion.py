@@ -115,6 +115,7 @@ def test_cobra_protocol_answers_with_a_directive(bin_dir: Path) -> None:
         "claim",
         "node-labels",
         "containerd-hosts",
+        "gang",
     ]
 
 
