@@ -205,6 +205,23 @@ def test_heterogeneous_amd_host_root(files: dict[str, str], tmp_path: Path) -> N
     assert "Traceback" not in done.stderr
 
 
+def test_alike_gpus_are_named_once(tmp_path: Path) -> None:
+    """Eight MI300X are one run of numbers with one description, not eight; the JSON still
+    names each device."""
+    rocm_app = str(Path(__file__).resolve().parent.parent / "examples" / "rocm-app-1.0.0.json")
+    root = ("--host-root", str(HOSTS / "mi300x"))
+    done = run_cli(*root, "resolve", "--index", rocm_app, "--gpus", "all", tmp=tmp_path)
+    assert done.returncode == 0, done.stderr
+    (note,) = [line for line in done.stderr.splitlines() if "for GPUs" in line]
+    assert note.endswith(
+        "for GPUs 0-7 (gfx942: Instinct MI300A, MI300X, MI308X, MI325X, MI300X VF)"
+    )
+    done = run_cli(*root, "resolve", "--index", rocm_app, "--gpus", "device=0,2,3", tmp=tmp_path)
+    assert "for GPUs 0, 2, 3 (gfx942:" in done.stderr
+    done = run_cli(*root, "resolve", "--index", rocm_app, "--json", tmp=tmp_path)
+    assert len(json.loads(done.stdout)["gpus"]) == 8
+
+
 def test_providers_names_each_amd_device_and_ls_notes_partial_fits(
     files: dict[str, str], tmp_path: Path
 ) -> None:

@@ -95,10 +95,25 @@ class HostChoice:
 
     @property
     def for_gpus(self) -> str:
-        """`` for GPUs 0 (...), 1 (...)``: whom the choice is for; empty without devices."""
+        """`` for GPUs 0 (...), 1 (...)``: whom the choice is for; empty without devices.
+        Alike devices are said once: eight MI300X are ``GPUs 0-7 (gfx942: ...)``."""
         if not self.titles:
             return ""
-        return f" for GPU{'s' if len(self.titles) > 1 else ''} {', '.join(self.titles)}"
+        alike: dict[str, list[str]] = {}  # description -> device numbers, in order
+        for title in self.titles:
+            number, _, description = title.partition(" ")
+            alike.setdefault(description, []).append(number)
+        said = ", ".join(f"{_numbers(n)} {d}".rstrip() for d, n in alike.items())
+        return f" for GPU{'s' if len(self.titles) > 1 else ''} {said}"
+
+
+def _numbers(numbers: list[str]) -> str:
+    """``0-7`` for a consecutive run of device numbers, else ``0, 2, 5``."""
+    if len(numbers) > 2 and all(n.isdigit() for n in numbers):
+        values = [int(n) for n in numbers]
+        if values == list(range(values[0], values[0] + len(values))):
+            return f"{values[0]}-{values[-1]}"
+    return ", ".join(numbers)
 
 
 def host_choice(opts: Options, platform: str | None, gpus: str | None = None) -> HostChoice:
