@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-__all__ = ["cli_env", "run_cli"]
+import pytest
+
+__all__ = ["cli_env", "run_cli", "run_in_process"]
 
 #: Settings of the caller's environment that would change what a command does (the engine,
 #: Docker's config and credentials, a providers file or host root, forced NVIDIA values).
@@ -29,6 +31,7 @@ def run_cli(
     env: Mapping[str, str] | None = None,
     tmp: Path | None = None,
     timeout: float = 60,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``docker-variant ARGS`` (as ``python -m docker_variant``) in ``cli_env(env, tmp)``."""
     return subprocess.run(
@@ -37,4 +40,16 @@ def run_cli(
         text=True,
         env=cli_env(env, tmp),
         timeout=timeout,
+        cwd=cwd,
     )
+
+
+def run_in_process(
+    main: Callable[[list[str]], int], argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str]:
+    """A command's ``main(argv)`` in this process: (exit code, what it wrote to stderr)."""
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    return code, capsys.readouterr().err

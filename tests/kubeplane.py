@@ -11,9 +11,7 @@ sees them, whatever client the product uses.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -21,6 +19,8 @@ from typing import Any, TypeVar
 
 import httpx
 import yaml
+
+from clirun import run_cli
 
 T = TypeVar("T")
 
@@ -171,15 +171,9 @@ def await_value(read: Callable[[], T | None], what: str, timeout: float = 60) ->
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """``docker-variant ARGS`` in a fresh interpreter, from the repository's root."""
-    return subprocess.run(
-        [sys.executable, "-m", "docker_variant", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
-        cwd=REPO,
-    )
+    """``docker-variant ARGS`` in a fresh interpreter, from the repository's root (the
+    Kubernetes page's relative paths)."""
+    return run_cli(*args, env={"COLUMNS": "200"}, timeout=120, cwd=REPO)
 
 
 def printed(*args: str) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from clirun import run_in_process
 from docker_variant.agent.node import Agent, AgentSettings
 from docker_variant.k8s.containerd import hosts_toml
 from docker_variant.providers import read_providers_file
@@ -113,11 +114,7 @@ def test_a_failed_write_is_logged_once_and_the_agent_goes_on(
 
 
 def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    return code, capsys.readouterr().err
+    return run_in_process(main, argv, capsys)
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ import httpx
 import pytest
 
 import devstack
+from clirun import run_in_process
 from docker_variant.agent.client import check_scheduler_url
 from docker_variant.agent.health import nvml_health
 from docker_variant.agent.inputs import read_agent_providers_file
@@ -384,11 +385,7 @@ def test_backoff_doubles_to_its_cap_and_beats_are_jittered() -> None:
 
 
 def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    return code, capsys.readouterr().err
+    return run_in_process(main, argv, capsys)
 
 
 @pytest.mark.parametrize(
