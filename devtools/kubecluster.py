@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import hashlib
 import ipaddress
 import json
@@ -27,7 +28,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from devstack import StartError, free_port, listens
+from devstack import StartError, _spawn, free_port, listens
 
 __all__ = [
     "FEATURE_GATES",
@@ -213,10 +214,9 @@ def _kubeconfig(server: str, ca: Path, token: str) -> str:
 
 
 def _start(root: Path, name: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
-    with (root / f"{name}.log").open("wb") as log:
-        process = subprocess.Popen(
-            list(argv), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    """``devstack``'s way of starting a process (its log under ``root``, its own session),
+    plus a pid file: ``down`` stops the components from another process (kube-down)."""
+    process, _log = _spawn(name, list(argv), root)
     (root / f"{name}.pid").write_text(f"{process.pid}\n")
     return process
 
@@ -228,10 +228,13 @@ def _log_tail(root: Path, name: str, size: int = 3000) -> str:
 
 
 def _await(
-    root: Path, name: str, process: subprocess.Popen[bytes], ready: object, timeout: float
+    root: Path,
+    name: str,
+    process: subprocess.Popen[bytes],
+    ready: Callable[[], bool],
+    timeout: float,
 ) -> None:
     """Return once ``ready()`` holds; fail with the component's log if it exits or times out."""
-    assert callable(ready)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -265,7 +268,6 @@ def up(root: Path, timeout: float = 120) -> ControlPlane:
     kubeconfig = root / "kubeconfig"
     kubeconfig.write_text(_kubeconfig(server, ca, token))
     kubeconfig.chmod(0o600)
-    started: list[tuple[str, subprocess.Popen[bytes]]] = []
     try:
         etcd = _start(
             root,
@@ -278,7 +280,6 @@ def up(root: Path, timeout: float = 120) -> ControlPlane:
                 f"--listen-peer-urls=http://127.0.0.1:{ports['peer']}",
             ],
         )
-        started.append(("etcd", etcd))
         _await(root, "etcd", etcd, lambda: listens(etcd.pid, ports["etcd"]), timeout)
         api = _start(
             root,
@@ -308,7 +309,6 @@ def up(root: Path, timeout: float = 120) -> ControlPlane:
                 "--v=1",
             ],
         )
-        started.append(("kube-apiserver", api))
         with httpx.Client(
             base_url=server,
             verify=ssl.create_default_context(cafile=str(ca)),
@@ -343,19 +343,17 @@ def up(root: Path, timeout: float = 120) -> ControlPlane:
                 "--use-service-account-credentials=false",
             ],
         )
-        started.append(("kube-controller-manager", kcm))
         scheduler = _start(
             root,
             "kube-scheduler",
             [str(binary), "kube-scheduler", *common, f"--secure-port={ports['sched']}"],
         )
-        started.append(("kube-scheduler", scheduler))
         for name, process, port in (
             ("kube-controller-manager", kcm, ports["kcm"]),
             ("kube-scheduler", scheduler, ports["sched"]),
         ):
             url = f"https://127.0.0.1:{port}/healthz"
-            _await(root, name, process, lambda url=url: _healthy(url), timeout)
+            _await(root, name, process, functools.partial(_healthy, url), timeout)
     except BaseException:
         down(root)
         raise
