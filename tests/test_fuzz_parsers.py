@@ -15,6 +15,7 @@ The long runs are ``scripts/fuzz --minutes N`` by hand.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,4 +85,6 @@ def test_a_short_coverage_guided_run_finds_nothing(target: str, tmp_path: Path) 
     )  # fmt: skip
     crashes = [p.name for p in tmp_path.iterdir() if p.name.startswith(("crash-", "timeout-"))]
     assert done.returncode == 0 and not crashes, f"{crashes}: {done.stderr[-4000:]}"
-    assert f"Done {CI_RUNS} runs" in done.stderr
+    # libFuzzer checks the run budget between mutation rounds, so it may stop a few past it.
+    runs = re.search(r"^Done (\d+) runs", done.stderr, re.MULTILINE)
+    assert runs is not None and int(runs.group(1)) >= CI_RUNS, done.stderr[-2000:]
