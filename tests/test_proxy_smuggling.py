@@ -74,6 +74,19 @@ ATTACKS = {
 }
 
 
+# What makes nginx send a manifest GET to variant-proxy, which answers with X-Accel-Redirect
+# for nginx to fetch it from the registry (the resolved path; "1" has no variants).
+RESOLVED = 'X-Variant-Properties: {"x86_64":{"level":["v1"]}}'
+
+
+def _attack(name: str, path: str) -> bytes:
+    """The attack ``name``, as a plain request or, ``resolved``, with X-Variant-Properties."""
+    text = ATTACKS[name]
+    if path == "resolved":
+        text = re.sub(r"Host: p(\r?\n)", lambda m: f"Host: p{m[1]}{RESOLVED}{m[1]}", text, count=1)
+    return text.encode("latin-1")
+
+
 def _exchange(address: str, data: bytes, quiet: float = 1.0) -> bytes:
     """Send ``data`` on one connection, then read until the server closes it or has been
     quiet for ``quiet`` seconds after answering (answers to all it took as requests). The
@@ -108,10 +121,11 @@ def _manifest_digest(address: str) -> str:
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
+@pytest.mark.parametrize("path", ["plain", "resolved"])
 @pytest.mark.parametrize("front", ["alone", "nginx"])
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
 def test_no_smuggled_request_reaches_the_registry(
-    stack: dict[str, devstack.Service], front: str, attack: str
+    stack: dict[str, devstack.Service], front: str, attack: str, path: str
 ) -> None:
     registry, server = stack["registry"], stack[front]
     expected = _manifest_digest(registry.address)
@@ -119,7 +133,7 @@ def test_no_smuggled_request_reaches_the_registry(
     honest: list[str] = []
     answered: list[bytes] = []
     attacker = threading.Thread(
-        target=lambda: answered.append(_exchange(server.address, ATTACKS[attack].encode("latin-1")))
+        target=lambda: answered.append(_exchange(server.address, _attack(attack, path)))
     )
     attacker.start()
     for _ in range(5):
@@ -145,12 +159,14 @@ def test_a_get_with_a_body_is_refused_by_the_proxy(
         assert statuses == [400] and b"may not carry a body" in answers
 
 
+@pytest.mark.parametrize("how", ["plain", "resolved"])
 @pytest.mark.parametrize("front", ["alone", "nginx"])
 def test_pipelined_requests_get_their_own_answers_in_order(
-    stack: dict[str, devstack.Service], front: str
+    stack: dict[str, devstack.Service], front: str, how: str
 ) -> None:
+    extra = f"{RESOLVED}\r\n" if how == "resolved" else ""
     requests = "".join(
-        f"GET /v2/{REPO}/{path} HTTP/1.1\r\nHost: p\r\nAccept: {OCI_MANIFEST}\r\n\r\n"
+        f"GET /v2/{REPO}/{path} HTTP/1.1\r\nHost: p\r\n{extra}Accept: {OCI_MANIFEST}\r\n\r\n"
         for path in ("manifests/1", "tags/list", "manifests/missing")
     )
     answers = _exchange(stack[front].address, requests.encode())

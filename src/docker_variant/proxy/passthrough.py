@@ -10,7 +10,12 @@ Every request up is built anew by httpx from the parsed request (method, target,
 fields, body): no byte a caller sends is copied onto an upstream connection as it came, so a
 caller cannot smuggle a second request onto a kept-alive connection another caller shares.
 A production deployment puts nginx in front for the bytes (``deploy/nginx/``); this path is
-what the proxy serves alone.
+what the proxy serves alone. Behind that front, a resolved manifest is not carried here at
+all: the front says so with ``X-Variant-Front: accel-redirect`` (set by nginx, which
+replaces any value a caller sent), and the proxy answers with nginx's ``X-Accel-Redirect`` to
+the front's internal ``/_variant_manifest/v2/<name>/manifests/<reference>`` location, which
+fetches it from the registry with the caller's own headers. ``X-Accel-*`` headers of an
+upstream answer are never passed on, so no registry answer can steer the front.
 
 No caller can hold the connections that others need, nor get another's answer:
 - A manifest PUT is read whole (up to ``ProxyLimits.manifest_bytes``) before any upstream
@@ -52,6 +57,8 @@ from docker_variant.server.bodies import BodyTooLargeError, read_body
 from docker_variant.server.errors import oci_error
 
 __all__ = [
+    "ACCEL_PREFIX",
+    "FRONT_HEADER",
     "BorrowedTransport",
     "StreamedResponse",
     "Upstream",
@@ -82,7 +89,12 @@ _REQUEST_DROP = _HOP_BY_HOP | {
     PROPERTIES_HEADER.lower().encode(),
     DEVICES_HEADER.lower().encode(),
     b"expect",
+    b"x-variant-front",
 }
+#: Sent by the nginx front (deploy/nginx/): it serves manifests the proxy names by redirect.
+FRONT_HEADER = "X-Variant-Front"
+#: The front's internal location that fetches ``/v2/<name>/manifests/<reference>``.
+ACCEL_PREFIX = "/_variant_manifest"
 _REWRITTEN = frozenset({b"location", b"content-location", b"link"})
 _CHECK_BODY_LIMIT = 4 << 20  # a manifest's size limit
 _USER_AGENT = USER_AGENT.encode()
@@ -281,7 +293,7 @@ class Upstream:
         named = _connection_tokens([value for name, value in lowered if name == b"connection"])
         out: list[tuple[bytes, bytes]] = []
         for name, value in lowered:
-            if name in _HOP_BY_HOP or name in named:
+            if name in _HOP_BY_HOP or name in named or name.startswith(b"x-accel-"):
                 continue
             if name in _REWRITTEN:
                 if not isinstance(proxy_base, str):
@@ -308,6 +320,20 @@ class Upstream:
         if self.prefix:
             rewritten = rewritten.replace(f"{self.prefix}/v2/", "/v2/")
         return rewritten
+
+    def by_front(self, request: Request) -> bool:
+        """Whether ``request`` came through the nginx front, which fetches manifests itself."""
+        return request.headers.get(FRONT_HEADER) == "accel-redirect"
+
+    async def serve_manifest(
+        self, request: Request, route: Route, extra_headers: Mapping[str, str]
+    ) -> Response:
+        """GET/HEAD of the manifest at ``route``, answered as the upstream answers it, with
+        ``extra_headers``: handed to the front to fetch where it asks for that, else relayed."""
+        if not self.by_front(request):
+            return await self.forward(request, route, extra_headers=extra_headers)
+        headers = {"X-Accel-Redirect": ACCEL_PREFIX + route.upstream_path(), **extra_headers}
+        return Response(b"", headers=headers)
 
     async def forward(
         self,

@@ -252,7 +252,7 @@ class VariantService:
         the best variant for the caller's host, labelled with ``X-Variant-Label``."""
         assert route.name is not None and route.reference is not None
         if is_digest(route.reference):
-            return await self.upstream.forward(request, route)  # content addressed: as is
+            return await self.upstream.serve_manifest(request, route, {})  # content addressed
         try:
             if len(header) > _MAX_PROPERTIES_HEADER:
                 raise InvalidInputError(f"longer than {_MAX_PROPERTIES_HEADER} bytes")
@@ -282,7 +282,7 @@ class VariantService:
             return result
         index = result.index
         if not index.variants and index.bare is None:
-            return await self.upstream.forward(request, route)  # not a variant version
+            return await self.upstream.serve_manifest(request, route, {})  # not a variant version
         # The header's CPU namespace says the caller's platform (docs/reference/image-index.md).
         platform = platform_of_lists(host)
         # a node whose devices differ: a variant must fit each (ranked by their merged lists)
@@ -317,7 +317,7 @@ class VariantService:
             and (best.platform is not None or best.tag == route.reference)
         )
         target = Route(RouteKind.MANIFEST, route.name, best.digest if by_digest else best.tag)
-        return await self.upstream.forward(request, target, extra_headers=extra)
+        return await self.upstream.serve_manifest(request, target, extra)
 
 
 def _document(index: VariantIndex) -> bytes:
