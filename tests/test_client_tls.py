@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -285,3 +286,43 @@ def test_a_registry_is_trusted_as_docker_certs_d_says(
     assert "give --ca-file" in untrusted.stderr, untrusted.stderr
     done = run_cli("--ca-file", str(ca.ca), "resolve", ref, env=env, tmp=tmp_path)
     assert done.returncode == 0 and done.stdout == f"{ref}\n", done.stderr
+
+
+def _ctr_fetch(
+    containerd: devstack.Service, hosts: Path, ref: str
+) -> subprocess.CompletedProcess[str]:
+    sock = containerd.address.removeprefix("unix://")
+    return subprocess.run(
+        ["ctr", "-a", sock, "content", "fetch", "--hosts-dir", str(hosts), ref],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_containerd_trusts_the_ca_and_presents_the_client_certificate_of_hosts_toml(
+    tmp_path: Path,
+    ca: CertificateAuthority,
+    tls_registry: devstack.Service,
+    containerd: devstack.Service,
+) -> None:
+    """`k8s containerd-hosts --ca-file --client-cert --client-key` writes containerd's
+    ``ca`` and ``client``: the real containerd then fetches from the mutual-TLS registry,
+    which it cannot without them."""
+    client = ca.client()
+    registry = tls_registry.address
+    ref = f"{registry}/tls/app:1.0"
+    write = ["k8s", "containerd-hosts", registry, "--server", tls_registry.url,
+             "--providers-file", str(HOSTS / "h200-r570.json")]  # fmt: skip
+    done = run_cli(*write, "--output", str(tmp_path / "bare"), tmp=tmp_path)
+    assert done.returncode == 0, done.stderr
+    refused = _ctr_fetch(containerd, tmp_path / "bare", ref)
+    assert refused.returncode != 0 and "x509" in refused.stderr, refused.stderr
+    tls = ["--ca-file", str(ca.ca), "--client-cert", str(client.cert),
+           "--client-key", str(client.key)]  # fmt: skip
+    done = run_cli(*write, *tls, "--output", str(tmp_path / "hosts"), tmp=tmp_path)
+    assert done.returncode == 0, done.stderr
+    written = tomllib.loads((tmp_path / "hosts" / registry / "hosts.toml").read_text())
+    host = written["host"][tls_registry.url]
+    assert host["ca"] == str(ca.ca)
+    assert host["client"] == [[str(client.cert), str(client.key)]]
+    fetched = _ctr_fetch(containerd, tmp_path / "hosts", ref)
+    assert fetched.returncode == 0, fetched.stderr
