@@ -152,8 +152,12 @@ def start_registry(
     access_log: bool = False,
     notify: tuple[str, str] | None = None,
     remote: str | None = None,
+    tls: tuple[Path, Path] | None = None,
+    client_ca: Path | None = None,
 ) -> Service:
     """Debian's ``docker-registry`` (distribution 2.8) on a free loopback port; with
+    ``tls`` = (certificate, key) over HTTPS, requiring client certificates signed by
+    ``client_ca`` when given (its ``http.tls``); with
     ``remote`` (a registry URL) a pull-through cache of that registry (distribution's proxy
     mode: read-only, each blob fetched from the remote once); with
     ``access_log`` it writes one combined-format line per request to its log (request
@@ -173,6 +177,7 @@ def start_registry(
             f"    disabled: {'false' if access_log else 'true'}",
             "http:",
             f"  addr: 127.0.0.1:{port}",
+            *_registry_tls(tls, client_ca),
             "storage:",
             "  filesystem:",
             f"    rootdirectory: {root / 'storage'}",
@@ -198,10 +203,21 @@ def start_registry(
         config = root / "registry.yml"
         config.write_text("\n".join(lines) + "\n")
         process, log = _spawn("registry", [binary, "serve", str(config)], root)
-        service = Service("docker-registry", process, f"127.0.0.1:{port}", root, log)
-        return _wait(service, _http_ready(f"{service.url}/v2/"), timeout)
+        scheme = "https" if tls is not None else "http"
+        service = Service("docker-registry", process, f"127.0.0.1:{port}", root, log, scheme)
+        # over TLS, listening is enough: the probe would need the CA (and a client certificate)
+        ready = _http_ready(f"{service.url}/v2/") if tls is None else None
+        return _wait(service, ready, timeout)
 
     return _on_free_port(start, "docker-registry")
+
+
+def _registry_tls(tls: tuple[Path, Path] | None, client_ca: Path | None) -> list[str]:
+    """The ``http.tls`` lines of a registry's config."""
+    if tls is None:
+        return []
+    lines = ["  tls:", f"    certificate: {tls[0]}", f"    key: {tls[1]}"]
+    return lines + (["    clientcas:", f"      - {client_ca}"] if client_ca is not None else [])
 
 
 def registry_requests(service: Service, method: str = "GET") -> list[str]:

@@ -64,6 +64,8 @@ VALUE_SETS = {
     "dashboard": ("grafana.dashboard.enabled=true", "grafana.dashboard.namespace=monitoring"),
     "no-containerd-hosts": ("agent.containerdHosts.enabled=false",),
     "no-node-labels": ("agent.nodeLabels.enabled=false",),
+    "mutual-tls": ("scheduler.clientCA.secret=variant-scheduler-client-ca",
+                   "agent.clientCertSecret=variant-agent-client"),
 }  # fmt: skip
 
 
@@ -386,3 +388,40 @@ def test_a_notify_address_that_is_no_address_is_refused_by_name(value: str) -> N
     result = subprocess.run(argv, capture_output=True, text=True)
     assert result.returncode != 0
     assert "proxy.notify.allowFrom" in result.stderr and value in result.stderr, result.stderr
+
+
+def _mounted(pod: dict[str, Any], container: dict[str, Any], path: str) -> dict[str, Any]:
+    """The volume behind the mount of ``container`` whose directory holds ``path``."""
+    mount = next(m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
+    return next(v for v in pod["volumes"] if v["name"] == mount["name"])
+
+
+def test_the_agents_trust_the_schedulers_ca_and_mutual_tls_is_end_to_end() -> None:
+    """Every agent trusts the private CA of the scheduler's certificate (--ca-file from the
+    caBundle ConfigMap); with clientCA the scheduler requires client certificates, the agents
+    present theirs, and the probes, which have none, only connect."""
+    plain = _by_key(_template())
+    agent_pod = plain[("DaemonSet", "variant-agent")]["spec"]["template"]["spec"]
+    agent = agent_pod["containers"][0]
+    ca_file = _args(agent)["--ca-file"]
+    assert _mounted(agent_pod, agent, ca_file)["configMap"]["name"] == "variant-scheduler-ca"
+    assert ca_file.endswith("/ca.crt") and "--client-cert" not in _args(agent)
+    scheduler = plain[("Deployment", "variant-scheduler")]["spec"]["template"]["spec"]
+    assert "--tls-client-ca" not in _args(scheduler["containers"][0])
+    assert scheduler["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/healthz"
+
+    mutual = _by_key(_template(*VALUE_SETS["mutual-tls"]))
+    scheduler = mutual[("Deployment", "variant-scheduler")]["spec"]["template"]["spec"]
+    server = scheduler["containers"][0]
+    client_ca = _args(server)["--tls-client-ca"]
+    assert _mounted(scheduler, server, client_ca)["secret"]["secretName"] == (
+        "variant-scheduler-client-ca"
+    )
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert server[probe]["tcpSocket"] == {"port": "https"} and "httpGet" not in server[probe]
+    agent_pod = mutual[("DaemonSet", "variant-agent")]["spec"]["template"]["spec"]
+    agent = agent_pod["containers"][0]
+    given = _args(agent)
+    for option in ("--client-cert", "--client-key"):
+        volume = _mounted(agent_pod, agent, given[option])
+        assert volume["secret"]["secretName"] == "variant-agent-client"

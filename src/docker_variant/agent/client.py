@@ -1,5 +1,5 @@
 """Talking to a scheduler as its clients do (the node agent, ``variant-scheduler what-if``):
-its base URL and the bearer token file, checked once."""
+its base URL and the bearer token file, checked once, and why a connection failed."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from pathlib import Path
 
 import httpx
 
-from docker_variant.errors import InvalidInputError
+from docker_variant.errors import InvalidInputError, one_line
+from docker_variant.oci.http import command_tls, tls_failure
 
-__all__ = ["check_scheduler_url", "read_token"]
+__all__ = ["check_scheduler_url", "read_token", "scheduler_failure"]
 
 
 def check_scheduler_url(text: str) -> str:
@@ -40,3 +41,26 @@ def read_token(path: Path) -> str:
             + ("the file is empty" if not token else "found whitespace inside")
         )
     return token
+
+
+def scheduler_failure(exc: httpx.HTTPError, scheduler: str) -> str:
+    """Why a request to ``scheduler`` got no answer, in one line; a failed TLS handshake
+    says which CAs were trusted and which options fix it."""
+    files = command_tls()
+    handshake = tls_failure(exc)
+    why = one_line(str(exc)) or type(exc).__name__
+    if handshake is None:
+        # over TLS 1.3 a server that wants a client certificate hangs up after the handshake
+        hung_up = isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError)
+        if hung_up and scheduler.startswith("https:") and files.client_cert is None:
+            return (
+                f"{why} (if it asks for a client certificate, --tls-client-ca: give --client-cert)"
+            )
+        return why
+    if "certificate verify failed" in handshake:
+        hint = f"trusting {files.describe()}; give --ca-file with the CA of its certificate"
+    elif files.client_cert is None:
+        hint = "if it asks for a client certificate, --tls-client-ca: give --client-cert"
+    else:
+        hint = f"did it refuse --client-cert {files.client_cert!r}?"
+    return f"TLS: {handshake} ({hint})"

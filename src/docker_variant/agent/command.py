@@ -11,7 +11,12 @@ from collections.abc import Callable
 
 from docker_variant.agent import DEFAULT_INTERVAL_S
 from docker_variant.errors import DockerVariantError, InvalidInputError, one_line
-from docker_variant.server.options import add_duration_argument, add_log_level_argument
+from docker_variant.server.options import (
+    add_client_tls_arguments,
+    add_duration_argument,
+    add_log_level_argument,
+    use_client_tls,
+)
 
 TYPE_CHECKING = False  # typing costs ~5 ms at start-up; type checkers read this as True
 if TYPE_CHECKING:
@@ -32,6 +37,7 @@ def add_agent_command(commands: Any) -> None:
     )
     # paths stay text here (pathlib is loaded when the agent runs)
     agent.add_argument("--token-file", metavar="FILE", help="the agent's bearer token (one line)")
+    add_client_tls_arguments(agent)
     add_duration_argument(
         agent,
         "--interval",
@@ -148,6 +154,7 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
             )
         containerd_server = _containerd(args)
         scheduler = check_scheduler_url(args.scheduler) if args.scheduler is not None else None
+        use_client_tls(args)
         node_name = _node_name(args) if args.label_node else None
         agent_id = check_agent_id(args.agent_id or socket.gethostname().split(".")[0])
         group = args.resource_group

@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from docker_variant.agent.client import read_token
+from docker_variant.agent.client import read_token, scheduler_failure
 from docker_variant.agent.health import NVML_KIND, nvml_health
 from docker_variant.agent.inputs import read_agent_providers_file
 from docker_variant.agent.settings import AgentSettings
@@ -399,7 +399,7 @@ class Agent:
                 data = read_answer(response)
         except httpx.HTTPError as exc:
             raise HeartbeatError(
-                f"{self.settings.scheduler}: {one_line(str(exc)) or type(exc).__name__}",
+                f"{self.settings.scheduler}: {scheduler_failure(exc, self.settings.scheduler)}",
                 outage=True,
             ) from None
         if status in (400, 413):

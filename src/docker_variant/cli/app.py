@@ -20,6 +20,9 @@ from docker_variant import __version__
 from docker_variant.cli import k8s, plugin, providers, publish, select
 from docker_variant.cli.options import (
     GLOBAL_OPTIONS,
+    CaFileOpt,
+    ClientCertOpt,
+    ClientKeyOpt,
     DescriptorsOpt,
     EnableOpt,
     HostRootOpt,
@@ -66,6 +69,7 @@ def _taking_global_options(callback: Callable[..., Any]) -> Callable[..., Any]:
         for name in GLOBAL_OPTIONS:
             kwargs.pop(name, None)
         ctx.obj = after_command(options_of(ctx), given)
+        ctx.obj.use_tls()
         try:
             return callback(**kwargs)
         except BrokenPipeError:  # before click, which would make it exit 1
@@ -148,11 +152,23 @@ def global_options(
     enable: EnableOpt = None,
     host_root: HostRootOpt = None,
     descriptors: DescriptorsOpt = None,
+    ca_file: CaFileOpt = None,
+    client_cert: ClientCertOpt = None,
+    client_key: ClientKeyOpt = None,
     _version: VersionOpt = False,
 ) -> None:
     """The global options (see ``cli.options``), before the command; ``_Commands`` gives
     each command these parameters too, for after it."""
-    ctx.obj = Options(json_, providers_file, list(enable or []), host_root, descriptors)
+    ctx.obj = Options(
+        json_,
+        providers_file,
+        list(enable or []),
+        host_root,
+        descriptors,
+        ca_file,
+        client_cert,
+        client_key,
+    )
 
 
 app.add_typer(k8s.k8s_app, name="k8s")

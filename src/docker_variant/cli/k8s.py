@@ -157,7 +157,8 @@ def k8s_containerd_hosts(
     ] = None,
 ) -> None:
     """Print a containerd hosts.toml that sends this node's X-Variant-Properties (on a node
-    whose GPUs differ: what every GPU runs, and each GPU's lists in X-Variant-Devices)."""
+    whose GPUs differ: what every GPU runs, and each GPU's lists in X-Variant-Devices);
+    --ca-file and --client-cert/--client-key become the server's ca and client."""
     from docker_variant.k8s.containerd import (
         DEVICES,
         HEADER,
@@ -180,7 +181,11 @@ def k8s_containerd_hosts(
         warn(f"the {HEADER} header is {size} bytes; proxies on the way may refuse it")
     if devices and (size := len(header_value(devices))) > HEADER_WARN_BYTES:
         warn(f"the {DEVICES} header is {size} bytes; proxies on the way may refuse it")
-    text = hosts_toml(registry, url, host, devices)
+    # --ca-file and --client-cert are what containerd trusts and presents for the server
+    ca = str(opts.ca_file) if opts.ca_file is not None else None
+    cert, key = opts.client_cert, opts.client_key
+    client = (str(cert), str(key) if key is not None else None) if cert is not None else None
+    text = hosts_toml(registry, url, host, devices, ca=ca, client=client)
     path = write_hosts_toml(output, registry, text) if output is not None else None
     if opts.json:
         emit_json(

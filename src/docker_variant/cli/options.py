@@ -10,6 +10,7 @@ named in ``GLOBAL_OPTIONS``, and its merge in ``after_command``.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GLOBAL_OPTIONS",
+    "CaFileOpt",
+    "ClientCertOpt",
+    "ClientKeyOpt",
     "DescriptorsOpt",
     "EnableOpt",
     "GpusOpt",
@@ -47,6 +51,22 @@ class Options:
     enable_provider: list[str] = field(default_factory=list)
     host_root: Path | None = None
     descriptors: Path | None = None
+    # what registries and --index URLs are trusted with besides the system's CAs and
+    # certs.d, and the client certificate presented when one asks (mutual TLS)
+    ca_file: Path | None = None
+    client_cert: Path | None = None
+    client_key: Path | None = None
+
+    def use_tls(self) -> None:
+        """Make ``--ca-file``/``--client-cert``/``--client-key`` every client's (checked
+        now: exit 2 naming the file)."""
+        given = (self.ca_file, self.client_cert, self.client_key)
+        # the HTTP stack (httpx) is loaded only by commands that need it
+        if any(given) or "docker_variant.oci.http" in sys.modules:
+            from docker_variant.oci.http import TLSFiles, use_tls
+
+            ca, cert, key = (None if p is None else str(p) for p in given)
+            use_tls(TLSFiles(() if ca is None else (ca,), cert, key))
 
     def host(self, refresh: bool = False) -> HostReport:
         from docker_variant.providers import detect_host
@@ -93,6 +113,30 @@ DescriptorsOpt = Annotated[
         help="Also read device descriptors (*.toml) from DIR.",
     ),
 ]
+CaFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--ca-file",
+        rich_help_panel=GLOBAL_PANEL,
+        help="Also trust the CAs in FILE (PEM) for registries and --index URLs.",
+    ),
+]
+ClientCertOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--client-cert",
+        rich_help_panel=GLOBAL_PANEL,
+        help="Present this certificate (PEM) to a registry that asks for one.",
+    ),
+]
+ClientKeyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--client-key",
+        rich_help_panel=GLOBAL_PANEL,
+        help="The --client-cert's private key (PEM; default: in the certificate's file).",
+    ),
+]
 GpusOpt = Annotated[
     str | None,
     typer.Option(
@@ -128,7 +172,16 @@ NoVerifyOpt = Annotated[
 
 
 #: ``app.global_options``'s parameters, which every command also takes after its name.
-GLOBAL_OPTIONS = ("json_", "providers_file", "enable", "host_root", "descriptors")
+GLOBAL_OPTIONS = (
+    "json_",
+    "providers_file",
+    "enable",
+    "host_root",
+    "descriptors",
+    "ca_file",
+    "client_cert",
+    "client_key",
+)
 
 
 def _path(value: Any) -> Path | None:
@@ -144,6 +197,9 @@ def after_command(base: Options, given: Mapping[str, Any]) -> Options:
         enable_provider=[*base.enable_provider, *(given.get("enable") or [])],
         host_root=_path(given.get("host_root")) or base.host_root,
         descriptors=_path(given.get("descriptors")) or base.descriptors,
+        ca_file=_path(given.get("ca_file")) or base.ca_file,
+        client_cert=_path(given.get("client_cert")) or base.client_cert,
+        client_key=_path(given.get("client_key")) or base.client_key,
     )
 
 

@@ -85,11 +85,18 @@ def header_value(host: SupportedLists | Sequence[SupportedLists]) -> str:
 
 
 def hosts_toml(
-    registry: str, server: str, host: SupportedLists, devices: Sequence[SupportedLists] = ()
+    registry: str,
+    server: str,
+    host: SupportedLists,
+    devices: Sequence[SupportedLists] = (),
+    *,
+    ca: str | None = None,
+    client: tuple[str, str | None] | None = None,
 ) -> str:
     """The ``hosts.toml`` for ``registry``: pulls go to ``server`` with the node's lists
     (``providers.gpus.node_header``: what every device runs, and each different device's
-    lists where they differ)."""
+    lists where they differ); containerd trusts ``ca`` for it (a PEM bundle) and presents
+    ``client`` = (certificate, key: None when in the certificate's file) if it asks."""
     check_registry(registry)
     server = check_server(server)
     properties = header_value(host)
@@ -103,10 +110,22 @@ def hosts_toml(
         "\n"
         f"[host.{quoted}]\n"
         f"  capabilities = {json.dumps(list(CAPABILITIES))}\n"
+        f"{_tls_lines(ca, client)}"
         f"  [host.{quoted}.header]\n"
         f"    {HEADER} = {_toml_string(properties)}\n"
         f"{more}"
     )
+
+
+def _tls_lines(ca: str | None, client: tuple[str, str | None] | None) -> str:
+    """containerd's ``ca`` and ``client`` keys of a host, with absolute paths (containerd
+    reads a relative one under the hosts directory)."""
+    lines = f"  ca = {json.dumps(os.path.abspath(ca))}\n" if ca is not None else ""
+    if client is not None:
+        cert, key = client
+        pair = [os.path.abspath(p) for p in (cert, key) if p is not None]
+        lines += f"  client = {json.dumps([pair] if len(pair) == 2 else pair[0])}\n"
+    return lines
 
 
 def write_hosts_toml(directory: Path, registry: str, text: str) -> Path:

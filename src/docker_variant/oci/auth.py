@@ -26,14 +26,16 @@ from docker_variant.errors import InvalidInputError
 from docker_variant.jsondoc import load_json, read_json_stream
 from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.errors import BadUpstreamResponseError, RegistryAuthError
-from docker_variant.oci.http import USER_AGENT
+from docker_variant.oci.http import USER_AGENT, TLSFiles
 
 __all__ = [
+    "DOCKER_CERTS_DIR",
     "Credentials",
     "RegistryAuth",
     "docker_config_path",
     "load_credentials",
     "parse_challenge",
+    "registry_tls_files",
 ]
 
 # Docker stores Hub credentials under its v1 index address, for helpers and auths alike.
@@ -65,17 +67,49 @@ def docker_config_path() -> Path:
     return (Path(root) if root else Path.home() / ".docker") / "config.json"
 
 
-def registry_ca_files(registry: str) -> list[Path]:
-    """CA certificates for ``registry`` where Docker keeps them: ``certs.d/<host:port>/*.crt``
-    under ``$DOCKER_CONFIG`` (or ``~/.docker``) and under ``/etc/docker``. A registry with
-    one is spoken to over HTTPS, loopback too, trusting them besides the system's CAs."""
-    roots = [docker_config_path().parent / "certs.d", Path("/etc/docker/certs.d")]
-    found: list[Path] = []
+#: Where the Docker engine keeps each registry's CAs and client certificate; a module
+#: constant so that tests can point it elsewhere.
+DOCKER_CERTS_DIR = Path("/etc/docker/certs.d")
+
+
+def registry_tls_files(registry: str) -> TLSFiles:
+    """What Docker trusts and presents for ``registry``: ``certs.d/<host:port>/`` under
+    ``$DOCKER_CONFIG`` (or ``~/.docker``) and under ``/etc/docker``, read as the engine reads
+    it: ``*.crt`` are CAs (besides the system's), ``NAME.cert`` a client certificate whose key
+    is ``NAME.key``. A registry with any is spoken to over HTTPS, loopback too."""
+    roots = [docker_config_path().parent / "certs.d", DOCKER_CERTS_DIR]
+    cas: list[str] = []
+    pairs: list[tuple[str, str]] = []
     for root in roots:
         folder = root / registry
         with contextlib.suppress(OSError):
-            found += sorted(p for p in folder.iterdir() if p.suffix == ".crt" and p.is_file())
-    return found
+            files = sorted(p for p in folder.iterdir() if p.is_file())
+            cas += [str(p) for p in files if p.suffix == ".crt"]
+            pairs += _client_pairs(files)
+    cert, key = pairs[0] if pairs else (None, None)
+    return TLSFiles(tuple(cas), cert, key, names=_CERTS_D_NAMES)
+
+
+_CERTS_D_NAMES = ("certs.d CA", "certs.d client certificate", "certs.d client key")
+
+
+def _client_pairs(files: list[Path]) -> list[tuple[str, str]]:
+    """certs.d's ``NAME.cert``/``NAME.key`` pairs; half a pair is an error, as Docker's."""
+    names = {p.name for p in files}
+    pairs: list[tuple[str, str]] = []
+    for path in files:
+        if path.suffix == ".cert":
+            key = path.with_suffix(".key")
+            if key.name not in names:
+                raise InvalidInputError(
+                    f"missing key {str(key)!r} for client certificate {str(path)!r}"
+                )
+            pairs.append((str(path), str(key)))
+        elif path.suffix == ".key" and path.with_suffix(".cert").name not in names:
+            raise InvalidInputError(
+                f"missing client certificate {str(path.with_suffix('.cert'))!r} for key {str(path)!r}"
+            )
+    return pairs
 
 
 def load_credentials(registry: str, config_path: Path | None = None) -> Credentials | None:

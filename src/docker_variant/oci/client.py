@@ -26,7 +26,7 @@ import httpx
 from docker_variant.errors import DockerVariantError, InvalidInputError, one_line
 from docker_variant.jsondoc import load_json
 from docker_variant.numtext import is_number
-from docker_variant.oci.auth import RegistryAuth, registry_ca_files
+from docker_variant.oci.auth import RegistryAuth, registry_tls_files
 from docker_variant.oci.errcode import ERROR_BODY_LIMIT, ErrorCode, read_error
 from docker_variant.oci.errors import (
     BadDocumentError,
@@ -39,7 +39,14 @@ from docker_variant.oci.errors import (
 )
 from docker_variant.oci.extension import EXTENSION, variants_path
 from docker_variant.oci.grammar import digest_problem, is_digest
-from docker_variant.oci.http import async_client, sync_client, tls_with
+from docker_variant.oci.http import (
+    TLSFiles,
+    async_client,
+    client_tls,
+    command_tls,
+    sync_client,
+    tls_failure,
+)
 from docker_variant.oci.imageindex import stated_platform
 from docker_variant.oci.mediatypes import (
     GENERIC_TYPES,
@@ -810,13 +817,25 @@ def _step(resume: Callable[[Any], Any], value: Any) -> tuple[bool, Any]:
 
 
 def _registry_settings(registry: str, config_path: Path | None) -> dict[str, Any]:
-    """Base URL, Docker's stored credentials and ``certs.d`` CAs for ``registry``."""
+    """Base URL, Docker's stored credentials, and what ``certs.d`` and the command's
+    ``--ca-file``/``--client-cert`` say to trust and present, for ``registry``."""
     settings: dict[str, Any] = {"auth": RegistryAuth.from_docker_config(registry, config_path)}
-    cas = registry_ca_files(registry)
-    if cas:
-        settings["tls"] = tls_with(tuple(str(p) for p in cas))
-    settings["base_url"] = registry_base_url(registry, tls=bool(cas))
+    docker = registry_tls_files(registry)
+    if docker:
+        client_tls(docker)  # a bad certs.d file is named as certs.d's
+        settings["tls"] = client_tls(_with_command_tls(docker))
+    settings["base_url"] = registry_base_url(registry, tls=bool(docker))
     return settings
+
+
+def _with_command_tls(docker: TLSFiles) -> TLSFiles:
+    """certs.d's files and the command's: both CAs trusted; the command's client
+    certificate, if it gives one, presented rather than certs.d's."""
+    given = command_tls()
+    if given.client_cert is not None:
+        return TLSFiles((*given.ca_files, *docker.ca_files), given.client_cert, given.client_key)
+    cas = (*given.ca_files, *docker.ca_files)
+    return TLSFiles(cas, docker.client_cert, docker.client_key, names=docker.names)
 
 
 def _transport_error(exc: httpx.HTTPError, what: str, url: str) -> DockerVariantError:
@@ -1072,6 +1091,15 @@ def _name(repository: str, reference: str) -> str:
 def _reason(exc: BaseException) -> str:
     """The OS's words for a failed connection ("Connection refused"); anyio's own message
     for refused connections ("All connection attempts failed") hides them."""
+    handshake = tls_failure(exc)
+    if handshake is not None:
+        if "certificate verify failed" in handshake:
+            hint = (
+                f"trusting {command_tls().describe()}; give --ca-file, or certs.d/HOST:PORT/ca.crt"
+            )
+        else:
+            hint = "if it asks for a client certificate: --client-cert, or certs.d/HOST:PORT/client.cert"
+        return f"TLS: {handshake} ({hint})"
     cause: BaseException | None = exc
     while cause is not None:
         if isinstance(cause, OSError) and cause.errno:

@@ -3,16 +3,20 @@ always set.
 
 Every client (the registry client, the engine client, the proxy's upstream pools, the node
 agent, the what-if command, ``--index URL``) is built here, so all of them trust the same
-certificates (the system's store, as Docker does, plus a registry's own CAs where Docker
-keeps them) and say the same ``User-Agent``.
+certificates (the system's store, as Docker does, plus a command's ``--ca-file`` and a
+registry's own CAs where Docker keeps them), present the same client certificate when a
+server asks (``--client-cert``), and say the same ``User-Agent``.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import ssl
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,14 +27,20 @@ from docker_variant.numtext import is_number
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "OPTION_NAMES",
     "USER_AGENT",
+    "TLSFiles",
     "async_client",
     "async_transport",
+    "client_tls",
+    "command_tls",
+    "default_tls",
     "read_bounded",
     "sync_client",
     "sync_transport",
     "system_tls",
-    "tls_with",
+    "tls_failure",
+    "use_tls",
 ]
 
 USER_AGENT = f"docker-variant/{__version__}"
@@ -73,16 +83,121 @@ def system_tls() -> ssl.SSLContext:
     return _DeferredTrustContext(ssl.PROTOCOL_TLS_CLIENT)
 
 
+#: How errors name a command's TLS files: its options, the same on every command.
+OPTION_NAMES = ("--ca-file", "--client-cert", "--client-key")
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """What a client trusts besides the system's CAs (PEM bundles) and the certificate it
+    presents when a server asks for one (mutual TLS), as curl's ``--cacert``/``--cert``/
+    ``--key`` and Docker's ``certs.d`` give them. ``names``: how errors name each kind of
+    file (a command's options, or certs.d's files)."""
+
+    ca_files: tuple[str, ...] = ()
+    client_cert: str | None = None
+    client_key: str | None = None  # None: the key is in client_cert's file, as curl allows
+    names: tuple[str, str, str] = field(default=OPTION_NAMES, compare=False)
+
+    def __bool__(self) -> bool:
+        return bool(self.ca_files or self.client_cert or self.client_key)
+
+    def describe(self) -> str:
+        """Which CAs a client trusts, for a log line or an error: "the system's CAs and
+        --ca-file '/etc/ssl/site.pem'"."""
+        cas = " ".join(repr(p) for p in self.ca_files)
+        return "the system's CAs" + (f" and {self.names[0]} {cas}" if cas else "")
+
+
+def _read_pem(path: str, name: str, what: str, marker: re.Pattern[str]) -> str:
+    """The text of ``path``, or one line naming it (``name``: the option or the file's role)
+    and why it holds no ``what`` (PEM: a ``marker`` line)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise InvalidInputError(f"{name} {path!r}: cannot read it ({reason})") from None
+    except UnicodeDecodeError:
+        text = ""
+    if not marker.search(text):
+        raise InvalidInputError(f"{name} {path!r}: no PEM {what} in it (no -----BEGIN line)")
+    return text
+
+
+_CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----")
+_PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")
+
+
 @functools.cache
-def tls_with(cafiles: tuple[str, ...]) -> ssl.SSLContext:
-    """The system's trust store plus a registry's own CAs (``certs.d/<host>/*.crt``)."""
+def client_tls(files: TLSFiles) -> ssl.SSLContext:
+    """The system's trust store plus ``files``' CAs, presenting their client certificate
+    when a server asks; every file checked now (``InvalidInputError``: one line naming it).
+    One context per set of files: every client of a process shares it."""
+    ca_name, cert_name, key_name = files.names
     context = ssl.create_default_context()
-    for cafile in cafiles:
+    for path in files.ca_files:
+        text = _read_pem(path, ca_name, "certificate", _CERTIFICATE)
         try:
-            context.load_verify_locations(cafile)
-        except (OSError, ssl.SSLError) as exc:
-            raise InvalidInputError(f"CA certificate {cafile!r}: cannot load it ({exc})") from exc
+            context.load_verify_locations(cadata=text)
+        except ssl.SSLError as exc:
+            raise InvalidInputError(f"{ca_name} {path!r}: not a CA bundle ({exc})") from None
+    cert, key = files.client_cert, files.client_key
+    if cert is None:
+        if key is not None:
+            raise InvalidInputError(f"{key_name} {key!r}: give {cert_name} too")
+        return context
+    text = _read_pem(cert, cert_name, "certificate", _CERTIFICATE)
+    if key is None and not _PRIVATE_KEY.search(text):
+        raise InvalidInputError(f"{cert_name} {cert!r}: no private key in it; give {key_name}")
+    if key is not None:
+        _read_pem(key, key_name, "private key", _PRIVATE_KEY)
+    try:
+        context.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        raise InvalidInputError(
+            f"{cert_name} {cert!r} / {key_name} {key or cert!r}: the key does not fit the "
+            f"certificate ({exc.reason or exc})"
+        ) from None
     return context
+
+
+class _CommandTLS:
+    """The TLS files of the command this process runs (``use_tls``)."""
+
+    files = TLSFiles()
+
+
+def use_tls(files: TLSFiles) -> None:
+    """Make ``files`` (a command's ``--ca-file``, ``--client-cert``, ``--client-key``) what
+    every client this process makes from now on trusts and presents, checked now. A command
+    sets it once at its start, given or not, so that nothing is left of an earlier one."""
+    if files:
+        client_tls(files)  # a bad file is bad input now, not at the first handshake
+    _CommandTLS.files = files
+
+
+def command_tls() -> TLSFiles:
+    """The TLS files ``use_tls`` was given (none: the system's CAs alone)."""
+    return _CommandTLS.files
+
+
+def default_tls() -> ssl.SSLContext:
+    """What a client trusts unless told otherwise: the command's files, else the system's."""
+    files = _CommandTLS.files
+    return client_tls(files) if files else system_tls()
+
+
+def tls_failure(exc: BaseException) -> str | None:
+    """Why a TLS handshake behind ``exc`` failed, in OpenSSL's words ("certificate verify
+    failed: unable to get local issuer certificate"); None when no handshake failed."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return f"certificate verify failed: {cause.verify_message}"
+        if isinstance(cause, ssl.SSLError):
+            return str(cause.reason or cause).replace("_", " ").lower()
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
@@ -92,17 +207,18 @@ def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
 def sync_transport(
     *, uds: str | None = None, tls: ssl.SSLContext | None = None, limits: httpx.Limits | None = None
 ) -> httpx.HTTPTransport:
-    """A transport over TCP (or the Unix socket ``uds``) trusting ``tls`` or the system."""
+    """A transport over TCP (or the Unix socket ``uds``) trusting ``tls``, else
+    ``default_tls()``."""
     extra: dict[str, Any] = {"limits": limits} if limits is not None else {}
-    return httpx.HTTPTransport(uds=uds, verify=tls or system_tls(), **extra)
+    return httpx.HTTPTransport(uds=uds, verify=tls or default_tls(), **extra)
 
 
 def async_transport(
     *, tls: ssl.SSLContext | None = None, limits: httpx.Limits | None = None
 ) -> httpx.AsyncHTTPTransport:
-    """An asyncio transport trusting ``tls`` or the system."""
+    """An asyncio transport trusting ``tls``, else ``default_tls()``."""
     extra: dict[str, Any] = {"limits": limits} if limits is not None else {}
-    return httpx.AsyncHTTPTransport(verify=tls or system_tls(), **extra)
+    return httpx.AsyncHTTPTransport(verify=tls or default_tls(), **extra)
 
 
 def sync_client(

@@ -23,6 +23,7 @@ from docker_variant.agent.command import add_agent_command, run_agent_command
 from docker_variant.errors import InvalidInputError, UnreachableError, one_line
 from docker_variant.server.options import (
     ServerArgumentParser,
+    add_client_tls_arguments,
     add_connection_limit_arguments,
     add_duration_argument,
     add_listen_argument,
@@ -30,6 +31,7 @@ from docker_variant.server.options import (
     add_tls_arguments,
     add_version_argument,
     tls_options,
+    use_client_tls,
 )
 
 TYPE_CHECKING = False  # typing costs ~5 ms at start-up; type checkers read this as True
@@ -146,6 +148,7 @@ def _add_what_if_command(commands: Any) -> None:
         f"else http://{DEFAULT_LISTEN})",
     )
     what_if.add_argument("--token-file", metavar="FILE", help="a client's bearer token (one line)")
+    add_client_tls_arguments(what_if)
     what_if.add_argument(
         "request", metavar="REQUEST", help="a placement request, JSON ('-': stdin)"
     )
@@ -160,7 +163,7 @@ def _run_what_if(args: Any, error: Callable[[str], Any]) -> int:
 
     import httpx
 
-    from docker_variant.agent.client import check_scheduler_url, read_token
+    from docker_variant.agent.client import check_scheduler_url, read_token, scheduler_failure
     from docker_variant.jsondoc import load_json, read_json_file
     from docker_variant.oci.errcode import read_error
     from docker_variant.oci.http import read_bounded, sync_client
@@ -169,6 +172,7 @@ def _run_what_if(args: Any, error: Callable[[str], Any]) -> int:
     try:
         scheduler = check_scheduler_url(args.scheduler)
         token = read_token(Path(args.token_file)) if args.token_file else None
+        use_client_tls(args)
         if args.request == "-":
             wanted = load_json(sys.stdin.buffer.read(), "REQUEST (stdin)")
         else:
@@ -190,7 +194,12 @@ def _run_what_if(args: Any, error: Callable[[str], Any]) -> int:
         ):
             data = read_bounded(response, _WHAT_IF_ANSWER_LIMIT, url)
         answer = load_json(data, f"{url} answer") if response.status_code == 200 else None
-    except (httpx.HTTPError, UnreachableError, InvalidInputError) as exc:
+    except httpx.HTTPError as exc:
+        sys.stderr.write(
+            f"variant-scheduler: error: {scheduler}: {scheduler_failure(exc, scheduler)}\n"
+        )
+        return 3
+    except (UnreachableError, InvalidInputError) as exc:
         sys.stderr.write(f"variant-scheduler: error: {scheduler}: {one_line(str(exc))}\n")
         return 3
     if response.status_code != 200:

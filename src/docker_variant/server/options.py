@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LOG_LEVELS",
     "ServerArgumentParser",
+    "add_client_tls_arguments",
     "add_connection_limit_arguments",
     "add_duration_argument",
     "add_listen_argument",
@@ -28,6 +29,7 @@ __all__ = [
     "count",
     "seconds",
     "tls_options",
+    "use_client_tls",
 ]
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -219,6 +221,35 @@ def add_tls_arguments(parser: argparse.ArgumentParser, *, client_ca: bool) -> No
             metavar="FILE",
             help="mutual TLS: require client certificates signed by this CA (PEM)",
         )
+
+
+def add_client_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--ca-file``, ``--client-cert``, ``--client-key``: a scheduler's clients (the agent,
+    ``what-if``) as the CLI's registry commands and curl take them."""
+    parser.add_argument(
+        "--ca-file",
+        metavar="FILE",
+        help="also trust the CAs in FILE (PEM), e.g. the private CA of the scheduler's certificate",
+    )
+    parser.add_argument(
+        "--client-cert",
+        metavar="FILE",
+        help="present this certificate (PEM) when the scheduler asks (its --tls-client-ca)",
+    )
+    parser.add_argument(
+        "--client-key",
+        metavar="FILE",
+        help="the --client-cert's private key (PEM; default: in the certificate's file)",
+    )
+
+
+def use_client_tls(args: argparse.Namespace) -> None:
+    """Make ``add_client_tls_arguments``' files every client's in this process, checked now
+    (``InvalidInputError`` naming the file)."""
+    from docker_variant.oci.http import TLSFiles, use_tls
+
+    ca = args.ca_file
+    use_tls(TLSFiles(() if ca is None else (ca,), args.client_cert, args.client_key))
 
 
 def tls_options(args: argparse.Namespace) -> dict[str, Any]:
