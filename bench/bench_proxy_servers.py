@@ -64,7 +64,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--turns", type=int, default=300)
+    parser.add_argument("--tiny", action="store_true", help="seconds, not minutes (CI)")
     args = parser.parse_args()
+    if args.tiny:
+        args.rounds, args.turns = 1, 10
     root = Path(tempfile.mkdtemp(prefix="dv-bench-servers-"))
     started: list[devstack.Service] = []
     granian: subprocess.Popen[bytes] | None = None
