@@ -114,6 +114,24 @@ def _parser() -> argparse.ArgumentParser:
         help=f"bytes of the request kept with each placement, for replace (default "
         f"${MAX_REQUEST_ENV}, else {DEFAULT_MAX_REQUEST}; 0: no limit)",
     )
+    serve.add_argument(
+        "--agent-auth",
+        choices=("tokens", "kubernetes"),
+        default="tokens",
+        help="how agents prove who they are: their [[token]] entries (default), or also their "
+        "projected ServiceAccount token, reviewed by the apiserver and bound to its pod's Node",
+    )
+    serve.add_argument(
+        "--agent-service-account",
+        default="docker-variant/variant-agent",
+        metavar="NAMESPACE/NAME",
+        help="--agent-auth kubernetes: the agents' ServiceAccount (default docker-variant/variant-agent)",
+    )
+    serve.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="--agent-auth kubernetes: the apiserver (default: in-cluster, else $KUBECONFIG)",
+    )
     add_tls_arguments(serve, client_ca=True)
     add_connection_limit_arguments(serve, max_head_bytes=64 << 10, keep_alive=5)
     add_log_level_argument(serve)
@@ -277,6 +295,24 @@ def main(argv: list[str] | None = None) -> int:
     return _serve(args, parser.error)
 
 
+def _kubernetes_agents(args: Any) -> Any:
+    """``kubeauth.KubernetesAgents`` on the apiserver of ``--kubeconfig`` (else in-cluster)."""
+    from pathlib import Path
+
+    from docker_variant.extras import KUBERNETES
+    from docker_variant.k8s.apiserver import connect
+    from docker_variant.scheduler.kubeauth import KubernetesAgents
+
+    KUBERNETES.require("variant-scheduler serve --agent-auth kubernetes")
+    namespace, slash, name = args.agent_service_account.partition("/")
+    if not slash or not namespace or not name or "/" in name:
+        raise InvalidInputError(
+            f"--agent-service-account {args.agent_service_account!r}: expected NAMESPACE/NAME"
+        )
+    kubeconfig = Path(args.kubeconfig) if args.kubeconfig else None
+    return KubernetesAgents(connect(kubeconfig), args.agent_service_account)
+
+
 def _serve(args: Any, error: Callable[[str], Any]) -> int:
     """``variant-scheduler serve``: the server's modules are loaded here, not for --help."""
     from docker_variant.extras import SCHEDULER
@@ -310,6 +346,9 @@ def _serve(args: Any, error: Callable[[str], Any]) -> int:
                 f"--listen {args.listen}: without --tokens the scheduler serves loopback only "
                 "(anyone who can reach it may do anything); give --tokens FILE"
             )
+        agents = _kubernetes_agents(args) if args.agent_auth == "kubernetes" else None
+        if agents is not None and tokens is None:
+            raise InvalidInputError("--agent-auth kubernetes needs --tokens (the clients' tokens)")
         store = Store.open(
             args.db,
             agent_ttl=args.agent_ttl,
@@ -346,7 +385,7 @@ def _serve(args: Any, error: Callable[[str], Any]) -> int:
         signal.signal(signal.SIGHUP, lambda _signum, _frame: reload_tokens())
     limits = ConnectionLimits.from_args(args)
     config = uvicorn.Config(
-        limited(create_app(store, tokens=tokens, registries=registries), limits),
+        limited(create_app(store, tokens=tokens, registries=registries, agents=agents), limits),
         log_config=None,
         log_level=args.log_level,
         lifespan="off",

@@ -37,7 +37,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from docker_variant.api.names import ID, check_agent_id
-from docker_variant.errors import InvalidInputError
+from docker_variant.errors import InvalidInputError, UnreachableError
 from docker_variant.jsondoc import load_json
 from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.errors import NotFoundError, RegistryError
@@ -52,6 +52,7 @@ from docker_variant.scheduler.documents import (
     parse_agent_report,
     parse_placement_body,
 )
+from docker_variant.scheduler.kubeauth import KubernetesAgents
 from docker_variant.scheduler.metrics import SchedulerMetrics
 from docker_variant.scheduler.store import (
     STATES,
@@ -122,6 +123,8 @@ def _guard(handler: Endpoint) -> Endpoint:
             return oci_error(400, ErrorCode.INVALID_INPUT, str(exc))
         except DatabaseUnavailableError as exc:
             return oci_error(503, ErrorCode.DATABASE_UNAVAILABLE, str(exc))
+        except UnreachableError as exc:  # the apiserver reviewing an agent's token
+            return oci_error(503, ErrorCode.UNAVAILABLE, str(exc))
         except RegistryError as exc:
             return _registry_failure(exc)
         except ClientDisconnect:  # gone, or cut off by --body-timeout (408): nobody reads this
@@ -163,6 +166,7 @@ def create_app(
     fetch: IndexFetcher = fetch_index,
     tokens: TokenTable | TokenFile | None = None,
     registries: Collection[str] | None = None,
+    agents: KubernetesAgents | None = None,
 ) -> Starlette:
     """The API over ``store``; ``fetch`` turns ``registry/name:version`` into its index.
 
@@ -171,7 +175,8 @@ def create_app(
     ``{"image": REF}`` may name, so that no caller can make the scheduler contact a host it
     was not configured for. Without them a server with tokens takes only ``{"index": ...}``;
     one without tokens (loopback only: its callers are on this machine and reach every
-    registry it reaches themselves) resolves any registry.
+    registry it reaches themselves) resolves any registry. ``agents``: heartbeats may also
+    come with a projected ServiceAccount token, reviewed by the apiserver (``kubeauth``).
     """
     allowed = frozenset(registries or ())
     metrics = SchedulerMetrics(store)  # the store's plan and commit times included
@@ -195,10 +200,20 @@ def create_app(
             )
         return principal
 
+    async def reporter(request: Request) -> Principal:
+        """Who sends a heartbeat: a token of the table, else a projected token's agent."""
+        token = bearer_token(request)
+        if agents is None or token is None or (tokens is not None and tokens.find(token)):
+            return caller(request, "agent")
+        found = await run_in_threadpool(agents.find, token)  # a TokenReview: off the loop
+        if found is None:
+            raise _Unauthorized("the bearer token is not valid", invalid=True)
+        return found
+
     @_guard
     async def put_agent(request: Request) -> Response:
         agent_id = check_agent_id(request.path_params["agent_id"])
-        who = caller(request, "agent")
+        who = await reporter(request)
         if not who.may_report(agent_id):
             raise _Forbidden(f"the token of agent {who.agent_id!r} may not report {agent_id!r}")
         report = await run_in_threadpool(parse_agent_report, await _json_body(request), agent_id)
