@@ -127,7 +127,7 @@ def _bearer(role: str) -> dict[str, str]:
 def test_scheduler_answers_as_documented(scheduler: str) -> None:
     labels = _fuzz(_schema("scheduler", scheduler), _bearer("admin"))
     assert "POST /v1/placements" in labels and "POST /v1/what-if" in labels
-    assert len(labels) == 13, labels
+    assert len(labels) == 15, labels
 
 
 def _validate(schema: Any, path: str, method: str, response: httpx.Response) -> None:

@@ -4,6 +4,8 @@ roles, bodies over the limit, SSRF, loopback-only without tokens, mutual TLS."""
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import ssl
 import subprocess
 import sys
@@ -16,6 +18,7 @@ import pytest
 import devstack
 from docker_variant.scheduler.tokens import Principal, TokenTable, load_tokens
 from fakeupstream import FakeUpstream
+from proxyrunner import eventually
 from test_scheduler_api import client_for, open_store
 from test_scheduler_support import H200_R570, INDEX, agent_body
 from tlsca import CertificateAuthority
@@ -228,6 +231,53 @@ def test_a_short_token_serves_with_a_warning(tmp_path: Path) -> None:
         log = service.log_tail(100_000)
         assert "warning: tokens file" in log and "token[1] has fewer than 16 characters" in log
         assert "s3cret" not in log
+    finally:
+        service.stop()
+
+
+def _agent_tokens(*entries: tuple[str, str]) -> str:
+    return "".join(
+        f'[[token]]\nrole = "agent"\nagent_id = "{a}"\ntoken = "{t}"\n' for a, t in entries
+    )
+
+
+def test_the_tokens_file_is_read_again_on_change_and_on_sighup(tmp_path: Path) -> None:
+    """A new node's token works without a restart: when the file changes (a Secret volume
+    swaps it), or on SIGHUP when nothing the file system shows changed. A file that no
+    longer loads keeps the tokens in force, with the reason logged."""
+    path = tmp_path / "tokens.toml"
+    a, b, c = (("node-a", "a" * 24), ("node-b", "b" * 24), ("node-c", "c" * 24))
+    path.write_text(_agent_tokens(a))
+    service = devstack.start_scheduler(tmp_path / "s", extra=["--tokens", str(path)])
+
+    def status(agent: tuple[str, str]) -> int:
+        url = f"{service.url}/v1/agents/{agent[0]}"
+        body = agent_body(H200_R570, 1)
+        return httpx.put(
+            url, json=body, headers={"Authorization": f"Bearer {agent[1]}"}
+        ).status_code
+
+    try:
+        assert (status(a), status(b)) == (200, 401)
+        path.write_text(_agent_tokens(a, b))  # changed: seen at the next request
+        assert (status(a), status(b)) == (200, 200)
+
+        # node-c takes node-b's place in a file of the same size and time: only SIGHUP tells
+        before = path.stat()
+        with path.open("r+") as same:
+            same.write(_agent_tokens(a, c))
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert path.stat().st_mtime_ns == before.st_mtime_ns
+        assert status(c) == 401
+        os.kill(service.process.pid, signal.SIGHUP)
+        eventually(lambda: status(c) == 200, 30, "node-c's token taken after SIGHUP")
+        assert status(b) == 401
+
+        path.write_text("[[token]]\nrole = 'agent'\n")  # broken: node-c's token stays
+        assert status(c) == 200
+        log = service.log_tail(100_000)
+        assert "tokens not reloaded, the previous ones stay in force" in log
+        assert "c" * 24 not in log
     finally:
         service.stop()
 

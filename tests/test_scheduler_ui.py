@@ -447,7 +447,7 @@ def test_chromium_shows_the_matrix_and_a_failure_after_a_reload(
         chromium.get(f"{server.url}/ui")
         assert chromium.title == "variant-scheduler fleet"
         chromium.find_element(By.NAME, "index").send_keys(json.dumps(INDEX))
-        chromium.find_element(By.CSS_SELECTOR, "form button").click()
+        chromium.find_element(By.CSS_SELECTOR, "form:not(.cordon) button").click()
         WebDriverWait(chromium, 30).until(
             expected_conditions.presence_of_element_located((By.ID, "matrix"))
         )

@@ -96,7 +96,8 @@ def state(api: httpx.Client) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def added(api: httpx.Client, of: dict[str, Any], count: int) -> Iterator[list[str]]:
-    """``count`` real agents built from template ``of``, deregistered afterwards."""
+    """``count`` real agents built from template ``of``, deregistered afterwards (and
+    uncordoned, as a drain leaves them, so that the next check may add them again)."""
     ids = [f"{of['name']}-new-{i}" for i in range(count)]
     for agent_id in ids:
         put_agent(api, agent_id, heartbeat(of))
@@ -105,6 +106,7 @@ def added(api: httpx.Client, of: dict[str, Any], count: int) -> Iterator[list[st
     finally:
         for agent_id in ids:
             assert api.delete(f"/v1/agents/{agent_id}").status_code == 200
+            assert api.post(f"/v1/agents/{agent_id}/uncordon").status_code == 200
 
 
 def check_prediction(

@@ -2,6 +2,8 @@
 ``variant-scheduler what-if --templates FILE REQUEST`` asks a running scheduler (``--scheduler
 URL``) whether a placement request fits its pool, or how many nodes of each template would
 make it fit (docs/reference/scheduler-api.md, ``whatif.py``); it exits 0 when it fits or a template helps, else 1.
+``variant-scheduler cordon AGENT`` and ``uncordon AGENT`` (an admin's token) stop and resume
+new placements on an agent; it keeps reporting.
 
 Bad arguments (a bad database URL or listen address, a busy port) end with one line on stderr
 and exit code 2; a database that cannot be reached at start, one line and exit code 3. Never a
@@ -114,11 +116,30 @@ def _parser() -> argparse.ArgumentParser:
         help=f"bytes of the request kept with each placement, for replace (default "
         f"${MAX_REQUEST_ENV}, else {DEFAULT_MAX_REQUEST}; 0: no limit)",
     )
+    serve.add_argument(
+        "--agent-auth",
+        choices=("tokens", "kubernetes"),
+        default="tokens",
+        help="how agents prove who they are: their [[token]] entries (default), or also their "
+        "projected ServiceAccount token, reviewed by the apiserver and bound to its pod's Node",
+    )
+    serve.add_argument(
+        "--agent-service-account",
+        default="docker-variant/variant-agent",
+        metavar="NAMESPACE/NAME",
+        help="--agent-auth kubernetes: the agents' ServiceAccount (default docker-variant/variant-agent)",
+    )
+    serve.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="--agent-auth kubernetes: the apiserver (default: in-cluster, else $KUBECONFIG)",
+    )
     add_tls_arguments(serve, client_ca=True)
     add_connection_limit_arguments(serve, max_head_bytes=64 << 10, keep_alive=5)
     add_log_level_argument(serve)
     add_agent_command(commands)
     _add_what_if_command(commands)
+    _add_cordon_commands(commands)
     return parser
 
 
@@ -127,6 +148,81 @@ def _limit(text: str) -> int:
     if not text.isascii() or not text.isdigit() or len(text) > 12:
         raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
     return int(text)
+
+
+def _add_scheduler_arguments(command: Any, role: str) -> None:
+    """``--scheduler URL`` and ``--token-file FILE``: the running scheduler asked."""
+    command.add_argument(
+        "--scheduler",
+        default=os.environ.get(SCHEDULER_ENV, f"http://{DEFAULT_LISTEN}"),
+        metavar="URL",
+        help=f"the running scheduler (default ${SCHEDULER_ENV}, else http://{DEFAULT_LISTEN})",
+    )
+    command.add_argument("--token-file", metavar="FILE", help=f"{role} bearer token (one line)")
+    add_client_tls_arguments(command)
+
+
+def _add_cordon_commands(commands: Any) -> None:
+    for name, does in (
+        ("cordon", "no new placements on the agent (it keeps reporting)"),
+        ("uncordon", "place on the agent again (a drained one too)"),
+    ):
+        command = commands.add_parser(name, help=does)
+        _add_scheduler_arguments(command, "an admin's")
+        command.add_argument("agent_id", metavar="AGENT", help="the agent's id")
+
+
+def _run_cordon(args: Any, error: Callable[[str], Any]) -> int:
+    """``POST /v1/agents/AGENT/cordon`` (or ``uncordon``); one line on stdout. 0: done; 2: bad
+    input or refused (401, 403); 3: the scheduler cannot be reached, or no such agent; 4: the
+    scheduler failed."""
+    from pathlib import Path
+
+    import httpx
+
+    from docker_variant.agent.client import check_scheduler_url, read_token, scheduler_failure
+    from docker_variant.api.names import check_agent_id
+    from docker_variant.jsondoc import load_json
+    from docker_variant.oci.http import read_bounded, sync_client
+
+    try:
+        scheduler = check_scheduler_url(args.scheduler)
+        token = read_token(Path(args.token_file)) if args.token_file else None
+        agent_id = check_agent_id(args.agent_id)
+        use_client_tls(args)
+    except InvalidInputError as exc:
+        error(one_line(str(exc)))
+        return 2
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    url = f"{scheduler}/v1/agents/{agent_id}/{args.command}"
+    try:
+        with sync_client(timeout=30, headers=headers) as http, http.stream("POST", url) as response:
+            data = read_bounded(response, 1 << 20, url)
+        answer = load_json(data, f"{url} answer") if response.status_code == 200 else None
+    except httpx.HTTPError as exc:
+        sys.stderr.write(
+            f"variant-scheduler: error: {scheduler}: {scheduler_failure(exc, scheduler)}\n"
+        )
+        return 3
+    except (UnreachableError, InvalidInputError) as exc:
+        sys.stderr.write(f"variant-scheduler: error: {scheduler}: {one_line(str(exc))}\n")
+        return 3
+    if response.status_code != 200 or not isinstance(answer, dict):
+        return _failed(response.status_code, response.reason_phrase, data)
+    already = "" if answer.get("changed") else "already "
+    sys.stdout.write(f"agent {agent_id}: {already}{args.command}ed\n")
+    return 0
+
+
+def _failed(status: int, reason: str, data: bytes) -> int:
+    """One line for a scheduler's error answer; the exit code its status means."""
+    from docker_variant.oci.errcode import read_error
+
+    found = read_error(data)
+    message = found.message if found is not None and found.message else None
+    message = message or data[:200].decode("utf-8", "replace") or reason
+    sys.stderr.write(f"variant-scheduler: error: {status} {one_line(message)}\n")
+    return 2 if status < 404 or status == 413 else 3 if status in (404, 502, 503, 504) else 4
 
 
 def _add_what_if_command(commands: Any) -> None:
@@ -140,15 +236,7 @@ def _add_what_if_command(commands: Any) -> None:
         metavar="FILE",
         help='node templates: a JSON list, or {"templates": [...]} (docs/reference/scheduler-api.md)',
     )
-    what_if.add_argument(
-        "--scheduler",
-        default=os.environ.get(SCHEDULER_ENV, f"http://{DEFAULT_LISTEN}"),
-        metavar="URL",
-        help=f"the running scheduler whose pool is asked (default ${SCHEDULER_ENV}, "
-        f"else http://{DEFAULT_LISTEN})",
-    )
-    what_if.add_argument("--token-file", metavar="FILE", help="a client's bearer token (one line)")
-    add_client_tls_arguments(what_if)
+    _add_scheduler_arguments(what_if, "a client's")
     what_if.add_argument(
         "request", metavar="REQUEST", help="a placement request, JSON ('-': stdin)"
     )
@@ -165,7 +253,6 @@ def _run_what_if(args: Any, error: Callable[[str], Any]) -> int:
 
     from docker_variant.agent.client import check_scheduler_url, read_token, scheduler_failure
     from docker_variant.jsondoc import load_json, read_json_file
-    from docker_variant.oci.errcode import read_error
     from docker_variant.oci.http import read_bounded, sync_client
     from docker_variant.scheduler.whatif import parse_what_if
 
@@ -203,12 +290,7 @@ def _run_what_if(args: Any, error: Callable[[str], Any]) -> int:
         sys.stderr.write(f"variant-scheduler: error: {scheduler}: {one_line(str(exc))}\n")
         return 3
     if response.status_code != 200:
-        found = read_error(data)
-        message = found.message if found is not None and found.message else None
-        message = message or data[:200].decode("utf-8", "replace") or response.reason_phrase
-        sys.stderr.write(f"variant-scheduler: error: {response.status_code} {one_line(message)}\n")
-        status = response.status_code
-        return 2 if status < 404 or status == 413 else 3 if status in (404, 502, 503, 504) else 4
+        return _failed(response.status_code, response.reason_phrase, data)
     if not isinstance(answer, dict):
         sys.stderr.write(f"variant-scheduler: error: {url}: the answer is not a JSON object\n")
         return 3
@@ -223,7 +305,27 @@ def main(argv: list[str] | None = None) -> int:
         return run_agent_command(args, parser.error)
     if args.command == "what-if":
         return _run_what_if(args, parser.error)
+    if args.command in ("cordon", "uncordon"):
+        return _run_cordon(args, parser.error)
     return _serve(args, parser.error)
+
+
+def _kubernetes_agents(args: Any) -> Any:
+    """``kubeauth.KubernetesAgents`` on the apiserver of ``--kubeconfig`` (else in-cluster)."""
+    from pathlib import Path
+
+    from docker_variant.extras import KUBERNETES
+    from docker_variant.k8s.apiserver import connect
+    from docker_variant.scheduler.kubeauth import KubernetesAgents
+
+    KUBERNETES.require("variant-scheduler serve --agent-auth kubernetes")
+    namespace, slash, name = args.agent_service_account.partition("/")
+    if not slash or not namespace or not name or "/" in name:
+        raise InvalidInputError(
+            f"--agent-service-account {args.agent_service_account!r}: expected NAMESPACE/NAME"
+        )
+    kubeconfig = Path(args.kubeconfig) if args.kubeconfig else None
+    return KubernetesAgents(connect(kubeconfig), args.agent_service_account)
 
 
 def _serve(args: Any, error: Callable[[str], Any]) -> int:
@@ -232,6 +334,7 @@ def _serve(args: Any, error: Callable[[str], Any]) -> int:
 
     SCHEDULER.require("variant-scheduler serve")
     import logging
+    import signal
     from pathlib import Path
 
     import uvicorn
@@ -241,7 +344,7 @@ def _serve(args: Any, error: Callable[[str], Any]) -> int:
     from docker_variant.scheduler.app import create_app
     from docker_variant.scheduler.database import DatabaseUnavailableError
     from docker_variant.scheduler.store import Store
-    from docker_variant.scheduler.tokens import load_tokens
+    from docker_variant.scheduler.tokens import TokenFile
     from docker_variant.server.limits import ConnectionLimits, limited, uvicorn_limits
     from docker_variant.server.logs import configure_logging
     from docker_variant.server.net import bind_socket, is_loopback, parse_listen
@@ -249,7 +352,7 @@ def _serve(args: Any, error: Callable[[str], Any]) -> int:
     try:
         host, port = parse_listen(args.listen)
         tls = tls_options(args)
-        tokens = load_tokens(Path(args.tokens)) if args.tokens else None
+        tokens = TokenFile(Path(args.tokens)) if args.tokens else None
         for warning in tokens.warnings if tokens is not None else ():
             sys.stderr.write(f"variant-scheduler: warning: {warning}\n")
         registries = [check_registry(r) for r in args.registry]
@@ -258,6 +361,9 @@ def _serve(args: Any, error: Callable[[str], Any]) -> int:
                 f"--listen {args.listen}: without --tokens the scheduler serves loopback only "
                 "(anyone who can reach it may do anything); give --tokens FILE"
             )
+        agents = _kubernetes_agents(args) if args.agent_auth == "kubernetes" else None
+        if agents is not None and tokens is None:
+            raise InvalidInputError("--agent-auth kubernetes needs --tokens (the clients' tokens)")
         store = Store.open(
             args.db,
             agent_ttl=args.agent_ttl,
@@ -289,9 +395,12 @@ def _serve(args: Any, error: Callable[[str], Any]) -> int:
         if tls
         else "plain HTTP",
     )
+    if tokens is not None:  # `kill -HUP`: read the tokens again (a change is seen anyway)
+        reload_tokens = tokens.reload
+        signal.signal(signal.SIGHUP, lambda _signum, _frame: reload_tokens())
     limits = ConnectionLimits.from_args(args)
     config = uvicorn.Config(
-        limited(create_app(store, tokens=tokens, registries=registries), limits),
+        limited(create_app(store, tokens=tokens, registries=registries, agents=agents), limits),
         log_config=None,
         log_level=args.log_level,
         lifespan="off",

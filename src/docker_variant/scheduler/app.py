@@ -4,7 +4,8 @@
 |---|---|
 | ``PUT /v1/agents/{agent_id}`` | heartbeat: the agent's host and device lists (upsert) |
 | ``GET /v1/agents[?resource_group=G]``, ``GET /v1/agents/{agent_id}`` | agents, free and allocated devices |
-| ``DELETE /v1/agents/{agent_id}`` | admin: drain (delete its placements) and deregister |
+| ``DELETE /v1/agents/{agent_id}`` | admin: drain (delete its placements), deregister and cordon |
+| ``POST /v1/agents/{agent_id}/cordon``, ``/uncordon`` | admin: no new placements on it; or again |
 | ``POST /v1/placements`` | place an image (or an index) on nodes: 201, or 409 with per-variant reasons |
 | ``GET /v1/placements[?state=degraded]``, ``GET``/``DELETE /v1/placements/{id}`` | placements; DELETE frees the devices |
 | ``POST /v1/placements/{id}/replace`` | move a degraded placement onto healthy devices: 201, or 409 |
@@ -12,6 +13,7 @@
 | ``GET /healthz`` | 200 when the database answers, else 503 |
 | ``GET /metrics`` | Prometheus text: agents, devices, placements, outcomes, latencies (``metrics.py``; any valid token) |
 | ``GET /ui`` | the fleet view, one HTML page (``ui.py``); a browser may send the token as a Basic password |
+| ``POST /ui/cordon`` | the page's cordon and uncordon buttons (an admin's; the form's key against CSRF) |
 
 Errors are one line in ``{"errors": [{"code", "message", "detail"}]}``: 400 bad input, 401
 no or unknown token, 403 wrong role or another client's placement, 404 unknown id or image,
@@ -31,11 +33,11 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from docker_variant.api.names import ID, check_agent_id
-from docker_variant.errors import InvalidInputError
+from docker_variant.errors import InvalidInputError, UnreachableError
 from docker_variant.jsondoc import load_json
 from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.errors import NotFoundError, RegistryError
@@ -50,6 +52,7 @@ from docker_variant.scheduler.documents import (
     parse_agent_report,
     parse_placement_body,
 )
+from docker_variant.scheduler.kubeauth import KubernetesAgents
 from docker_variant.scheduler.metrics import SchedulerMetrics
 from docker_variant.scheduler.store import (
     STATES,
@@ -57,7 +60,7 @@ from docker_variant.scheduler.store import (
     RequestTooLargeError,
     Store,
 )
-from docker_variant.scheduler.tokens import ANONYMOUS, Principal, TokenTable
+from docker_variant.scheduler.tokens import ANONYMOUS, Principal, TokenFile, TokenTable
 from docker_variant.scheduler.whatif import parse_what_if, what_if_in_groups
 from docker_variant.server.auth import bearer_token
 from docker_variant.server.bodies import BodyTooLargeError, read_body
@@ -120,6 +123,8 @@ def _guard(handler: Endpoint) -> Endpoint:
             return oci_error(400, ErrorCode.INVALID_INPUT, str(exc))
         except DatabaseUnavailableError as exc:
             return oci_error(503, ErrorCode.DATABASE_UNAVAILABLE, str(exc))
+        except UnreachableError as exc:  # the apiserver reviewing an agent's token
+            return oci_error(503, ErrorCode.UNAVAILABLE, str(exc))
         except RegistryError as exc:
             return _registry_failure(exc)
         except ClientDisconnect:  # gone, or cut off by --body-timeout (408): nobody reads this
@@ -159,8 +164,9 @@ def create_app(
     store: Store,
     *,
     fetch: IndexFetcher = fetch_index,
-    tokens: TokenTable | None = None,
+    tokens: TokenTable | TokenFile | None = None,
     registries: Collection[str] | None = None,
+    agents: KubernetesAgents | None = None,
 ) -> Starlette:
     """The API over ``store``; ``fetch`` turns ``registry/name:version`` into its index.
 
@@ -169,7 +175,8 @@ def create_app(
     ``{"image": REF}`` may name, so that no caller can make the scheduler contact a host it
     was not configured for. Without them a server with tokens takes only ``{"index": ...}``;
     one without tokens (loopback only: its callers are on this machine and reach every
-    registry it reaches themselves) resolves any registry.
+    registry it reaches themselves) resolves any registry. ``agents``: heartbeats may also
+    come with a projected ServiceAccount token, reviewed by the apiserver (``kubeauth``).
     """
     allowed = frozenset(registries or ())
     metrics = SchedulerMetrics(store)  # the store's plan and commit times included
@@ -193,10 +200,20 @@ def create_app(
             )
         return principal
 
+    async def reporter(request: Request) -> Principal:
+        """Who sends a heartbeat: a token of the table, else a projected token's agent."""
+        token = bearer_token(request)
+        if agents is None or token is None or (tokens is not None and tokens.find(token)):
+            return caller(request, "agent")
+        found = await run_in_threadpool(agents.find, token)  # a TokenReview: off the loop
+        if found is None:
+            raise _Unauthorized("the bearer token is not valid", invalid=True)
+        return found
+
     @_guard
     async def put_agent(request: Request) -> Response:
         agent_id = check_agent_id(request.path_params["agent_id"])
-        who = caller(request, "agent")
+        who = await reporter(request)
         if not who.may_report(agent_id):
             raise _Forbidden(f"the token of agent {who.agent_id!r} may not report {agent_id!r}")
         report = await run_in_threadpool(parse_agent_report, await _json_body(request), agent_id)
@@ -231,6 +248,22 @@ def create_app(
         if evicted is None:
             raise _NotFound(f"no agent {agent_id!r}")
         return JSONResponse({"agent_id": agent_id, "placements_deleted": evicted})
+
+    async def set_cordon(request: Request, cordoned: bool) -> Response:
+        caller(request, "admin")
+        agent_id = check_agent_id(request.path_params["agent_id"])
+        changed = await run_in_threadpool(store.set_cordon, agent_id, cordoned)
+        if changed is None:
+            raise _NotFound(f"no agent {agent_id!r}")
+        return JSONResponse({"agent_id": agent_id, "cordoned": cordoned, "changed": changed})
+
+    @_guard
+    async def cordon_agent(request: Request) -> Response:
+        return await set_cordon(request, True)
+
+    @_guard
+    async def uncordon_agent(request: Request) -> Response:
+        return await set_cordon(request, False)
 
     def check_registry(image: str) -> Reference:
         reference = parse_reference(image)
@@ -375,7 +408,21 @@ def create_app(
     async def fleet_view(request: Request) -> Response:
         # a browser sends the token as a Basic password (ui.py); the role is a client's
         who = caller(request, "client", browser=True)
-        return await ui.fleet_page(request, store, who, resolve)
+        return await ui.fleet_page(request, store, who, resolve, credential(request))
+
+    def credential(request: Request) -> str | None:
+        return None if tokens is None else bearer_token(request) or ui.basic_token(request)
+
+    @_guard
+    async def fleet_cordon(request: Request) -> Response:
+        caller(request, "admin", browser=True)
+        try:
+            agent_id, cordoned = await ui.cordon_form(request, credential(request))
+        except ui.ForgedFormError as exc:
+            raise _Forbidden(str(exc)) from None
+        if await run_in_threadpool(store.set_cordon, agent_id, cordoned) is None:
+            raise _NotFound(f"no agent {agent_id!r}")
+        return RedirectResponse("../ui", 303)  # relative: the page behind any path prefix
 
     async def no_route(request: Request, exc: Exception) -> Response:
         # the router's own 404 and 405 in the API's error body, as every other answer
@@ -394,9 +441,12 @@ def create_app(
             Route("/metrics", metrics_text, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
             Route("/ui", fleet_view, methods=["GET", "POST"]),
+            Route("/ui/cordon", fleet_cordon, methods=["POST"]),
             Route("/v1/agents", list_agents, methods=["GET"]),
             Route("/v1/agents/{agent_id}", get_agent, methods=["GET"]),
             Route("/v1/agents/{agent_id}", delete_agent, methods=["DELETE"]),
+            Route("/v1/agents/{agent_id}/cordon", cordon_agent, methods=["POST"]),
+            Route("/v1/agents/{agent_id}/uncordon", uncordon_agent, methods=["POST"]),
             Route("/v1/placements", list_placements, methods=["GET"]),
             Route("/v1/what-if", post_what_if, methods=["POST"]),
             Route("/v1/placements/{placement_id}", get_placement, methods=["GET"]),

@@ -3,8 +3,12 @@
 - ``profiles``: supported-lists documents, named by their content hash, so that thousands of
   identical GPUs store (and parse) their lists once.
 - ``agents`` and ``devices``: the last report of each agent; a report replaces its devices.
+- ``cordons``: the agents an admin cordoned (or drained): no new placement goes to them. Not a
+  column of ``agents`` and not tied to it, so that a drained agent that reports again is still
+  cordoned; created by ``create_all`` in an older database (a new table, nothing to migrate).
 - ``pool_version``: one row, one counter, bumped by every report that changes an agent's
-  resource group, lists or devices (not by plain heartbeats), and by deleting an agent.
+  resource group, lists or devices (not by plain heartbeats), by deleting an agent, and by a
+  cordon or uncordon.
 - ``allocation_version``: the same for allocations, bumped by every placement and every
   release. While both are unchanged, a scheduler process plans on the pool it keeps in
   memory without reading it; it applies its own changes to that pool as it commits them, and
@@ -45,6 +49,7 @@ __all__ = [
     "agents",
     "allocation_version",
     "allocations",
+    "cordons",
     "device_usage",
     "devices",
     "metadata",
@@ -91,6 +96,13 @@ devices = Table(
     # in millionths of a share (documents.SHARE): one share unless the agent says otherwise
     Column("capacity", BigInteger, nullable=False, default=1_000_000, server_default="1000000"),
     Column("healthy", Boolean, nullable=False, default=True, server_default=true()),
+)
+
+cordons = Table(
+    "cordons",
+    metadata,
+    Column("agent_id", String(_ID), primary_key=True),
+    Column("since", Float, nullable=False),  # epoch seconds
 )
 
 pool_version = Table(

@@ -8,6 +8,10 @@ does not grow with the fleet. A change committed by another process (a replica o
 database) shows as a version this process did not make: a new allocation version re-reads
 the allocations, a new pool version the whole pool.
 
+Cordoned agents (``rows.cordoned``) are parked too, for as long as they are cordoned: their
+heartbeats are recorded, but no plan sees them. A cordon or uncordon bumps the pool version,
+so every process reads the pool again.
+
 With an agent TTL, agents whose last heartbeat is older are left out of the pool (parked,
 with the reason) until they are heard from again; only the heartbeats of agents that seem
 due by what this process knows are read (the ones it recorded itself, kept on a heap).
@@ -43,6 +47,8 @@ __all__ = ["Commit", "PoolCache"]
 _CACHED_POOLS = 64  # resource groups whose devices are kept in memory
 _HEARD = 1 << 16  # heartbeats kept for a pool between two plans (more are read when due)
 
+_CORDONED = "cordoned by an admin (uncordon it to place on it again)"
+
 _Member = tuple[str, ProfileKey, int, bool]  # device id, profile, capacity, healthy
 
 
@@ -58,6 +64,7 @@ class _Memory:
     # match ``last_seen`` are stale), and heartbeats this process recorded since the last
     # plan (appended without a lock; a hint: one lost or dropped is read again when due).
     last_seen: dict[str, float]
+    cordoned: frozenset[str] = frozenset()  # parked whatever their heartbeats say
     deadlines: list[tuple[float, str]] = field(default_factory=list)
     heard: deque[tuple[str, float]] = field(default_factory=lambda: deque(maxlen=_HEARD))
 
@@ -209,7 +216,10 @@ class PoolCache:
         pool = Pool(nodes, self.profiles, {}, scope)
         pool.set_usage(usage)
         last_seen = {agent: seen for agent, _, _, _, seen, _ in agent_rows}
-        memory = _Memory(pool, pool_v, allocation_v, last_seen)
+        cordoned = frozenset(rows.cordoned(conn))
+        for agent in cordoned:
+            pool.park(agent, _CORDONED)
+        memory = _Memory(pool, pool_v, allocation_v, last_seen, cordoned)
         if self.agent_ttl > 0:
             memory.deadlines = [(seen, agent) for agent, seen in last_seen.items()]
             heapq.heapify(memory.deadlines)
@@ -247,12 +257,13 @@ class PoolCache:
             at, agent = heapq.heappop(deadlines)
             if seen.get(agent) == at and agent in pool:
                 due.append(agent)
-        left_out = [agent for agent in pool.unavailable if agent in pool]
+        cordoned = memory.cordoned
+        left_out = [a for a in pool.unavailable if a in pool and a not in cordoned]
         seen.update(rows.last_seen(conn, [*due, *left_out]))
         for agent in due:
             if self.alive(seen[agent], now):
                 heapq.heappush(deadlines, (seen[agent], agent))
-        for agent in {*due, *left_out, *changed}:
+        for agent in {*due, *left_out, *changed} - cordoned:
             last_seen = seen[agent]
             if self.alive(last_seen, now):
                 if agent in pool.unavailable:
@@ -291,6 +302,8 @@ class PoolCache:
                 continue
             if group is None or group == report.resource_group:
                 memory.pool.put(node, held)
+                if agent in memory.cordoned:
+                    memory.pool.park(agent, _CORDONED)
                 memory.last_seen[agent] = now
                 heapq.heappush(memory.deadlines, (now, agent))
             else:  # moved to another group, or never in this one
@@ -309,8 +322,10 @@ class PoolCache:
                 memory.allocation_version = version
 
     def apply_agent_deleted(self, pool_version: int, agent_id: str) -> None:
+        """An agent this process deleted, and so cordoned, as pool ``pool_version``."""
         for memory in self._pools.values():
             if memory.pool_version == pool_version - 1:
                 memory.pool.remove(agent_id)
                 memory.last_seen.pop(agent_id, None)
+                memory.cordoned |= {agent_id}
                 memory.pool_version = pool_version

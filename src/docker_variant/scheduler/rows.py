@@ -60,6 +60,7 @@ from docker_variant.scheduler.models import (
     agents,
     allocation_version,
     allocations,
+    cordons,
     device_usage,
     devices,
     metadata,
@@ -573,6 +574,27 @@ def delete_agent(conn: Connection, agent_id: str) -> tuple[list[str], list[Chang
     conn.execute(delete(devices).where(devices.c.agent_id == agent_id))
     conn.execute(delete(agents).where(agents.c.agent_id == agent_id))
     return held, freed
+
+
+def cordoned(conn: Connection) -> dict[str, float]:
+    """Every cordoned agent id (reporting or drained) and since when (a short table)."""
+    return {agent: since for agent, since in conn.execute(select(cordons))}
+
+
+def agent_known(conn: Connection, agent_id: str) -> bool:
+    query = select(agents.c.agent_id).where(agents.c.agent_id == agent_id)
+    return conn.execute(query).first() is not None
+
+
+def cordon(conn: Connection, agent_id: str, at: float) -> bool:
+    """Cordon the agent (kept when it already is); True when that is a change."""
+    query = _insert(conn, cordons).values(agent_id=agent_id, since=at).on_conflict_do_nothing()
+    return bool(conn.execute(query).rowcount)
+
+
+def uncordon(conn: Connection, agent_id: str) -> bool:
+    """True when the agent was cordoned."""
+    return bool(conn.execute(delete(cordons).where(cordons.c.agent_id == agent_id)).rowcount)
 
 
 # --------------------------------------------------------------------------- allocations

@@ -209,6 +209,7 @@ class Store:
             agent_rows, device_rows, allocation_rows = rows.agent_rows(
                 conn, resource_group, agent_id
             )
+            cordoned = rows.cordoned(conn)
             if detail:
                 used = {r.host_profile for r in agent_rows} | {r.profile for r in device_rows}
                 self.cache.learn_profiles(conn, used)
@@ -219,6 +220,7 @@ class Store:
             device_rows,
             allocation_rows,
             lambda last_seen: self.cache.alive(last_seen, now),
+            cordoned,
             profiles,
         )
 
@@ -560,11 +562,29 @@ class Store:
 
         return self._committed(change)
 
+    def set_cordon(self, agent_id: str, cordoned: bool) -> bool | None:
+        """Cordon (no new placements; heartbeats still recorded) or uncordon the agent.
+        True when that changed something, False when it already was so; None when there is
+        no such agent (an agent drained by ``delete_agent`` may still be uncordoned)."""
+        with self.rows.write(f"cordoning agent {agent_id}") as conn:
+            if cordoned:
+                if not rows.agent_known(conn, agent_id):
+                    return None
+                changed = rows.cordon(conn, agent_id, self.clock())
+            else:
+                changed = rows.uncordon(conn, agent_id)
+                if not changed and not rows.agent_known(conn, agent_id):
+                    return None
+            if changed:  # every process (this one too) reads the pool again on its next plan
+                rows.bump_pool(conn)
+        return changed
+
     # ------------------------------------------------------------------ deleting
 
     def delete_agent(self, agent_id: str) -> list[str] | None:
         """Drain and deregister: delete every placement holding one of the agent's devices
-        (freeing all their devices), then the agent and its devices. Returns the deleted
+        (freeing all their devices), then the agent and its devices, and cordon it, so that
+        when it reports again it takes no placement until uncordoned. Returns the deleted
         placements' ids; ``None`` when there is no such agent."""
         held = self._retried(lambda: self._delete_agent(agent_id))
         if held:
@@ -578,6 +598,7 @@ class Store:
             if deleted is None:
                 return None
             held, freed = deleted
+            rows.cordon(commit.conn, agent_id, self.clock())
             pool_v = rows.bump_pool(commit.conn)
             allocation_v = rows.bump_allocations(commit.conn)
             commit.then(lambda: cache.apply_allocations(allocation_v, freed))

@@ -22,6 +22,11 @@ against every entry), and never logged. A literal token shorter than 16 characte
 with a warning at start-up: how strong a token must be is the operator's call, and the same
 token given by its ``sha256`` could not be measured at all.
 
+The file is read again when it changes (``TokenFile``: one ``stat`` per lookup sees a new
+inode, size or modification time, as when a Kubernetes Secret volume swaps its files) and on
+SIGHUP, without a restart. A new file that does not load is logged and ignored: the tokens
+read last stay in force.
+
 A name is one role's: an ``agent_id`` that is also a client's or an admin's name (or a client
 named as an admin) is refused when the file loads, since placements record their owner by
 name. Several tokens of one name and role (a rotation) are one owner.
@@ -31,7 +36,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import os
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,12 +49,14 @@ from docker_variant.api.names import SHORT_NAME, check_agent_id
 from docker_variant.errors import InvalidInputError
 from docker_variant.tomldoc import read_toml_file
 
-__all__ = ["ANONYMOUS", "Principal", "TokenTable", "load_tokens"]
+__all__ = ["ANONYMOUS", "Principal", "TokenFile", "TokenTable", "load_tokens"]
 
 Role = Literal["agent", "client", "admin"]
 _ROLES: tuple[Role, ...] = ("agent", "client", "admin")
 _HEX = re.compile(r"[0-9a-f]{64}")
 _MIN_TOKEN = 16
+
+_log = logging.getLogger("docker_variant.scheduler")
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,50 @@ class TokenTable:
             if hmac.compare_digest(known, digest):
                 found = principal
         return found
+
+
+class TokenFile:
+    """The tokens of ``path``, read again when the file changes or on ``reload`` (SIGHUP)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.RLock()  # SIGHUP may come while the loop reloads
+        self._stamp = self._stamp_now()
+        self._table = load_tokens(path)  # InvalidInputError at start: the server does not run
+
+    @property
+    def warnings(self) -> list[str]:
+        return self._table.warnings
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def _stamp_now(self) -> tuple[int, int, int] | None:
+        try:
+            found = os.stat(self.path)
+        except OSError:
+            return None  # a Secret's files being swapped: the next lookup sees the new one
+        return found.st_ino, found.st_size, found.st_mtime_ns
+
+    def find(self, token: str) -> Principal | None:
+        if self._stamp_now() != self._stamp:
+            self.reload()
+        return self._table.find(token)
+
+    def reload(self) -> bool:
+        """Read the file again; False (logged) when it does not load: the old tokens stay."""
+        with self._lock:
+            self._stamp = self._stamp_now()
+            try:
+                table = load_tokens(self.path)
+            except InvalidInputError as exc:
+                _log.error("tokens not reloaded, the previous ones stay in force: %s", exc)
+                return False
+            for warning in table.warnings:
+                _log.warning("%s", warning)
+            self._table = table
+        _log.info("tokens reloaded from %s: %d tokens", self.path, len(table))
+        return True
 
 
 def load_tokens(path: Path) -> TokenTable:

@@ -11,7 +11,11 @@ Authentication is the API's: the same token table and roles (``client`` or ``adm
 client sees its own placements). Browsers cannot be told to send a bearer token, so the
 page also takes the token as the password of HTTP Basic authentication (any user name) and
 asks for it with a Basic challenge; without ``--tokens`` (loopback only) it is open, as the
-API is. The page is read-only, so a forged request can change nothing.
+API is. The page itself is read-only; its one action, an admin's cordon or uncordon of a host
+(``POST /ui/cordon``), is a form that must carry ``form_key``: an HMAC keyed by the caller's
+own token (without ``--tokens``, by a secret of this process), which a page of another site
+cannot know, since a browser sends a Basic password with a forged cross-site form too. A form
+whose ``Origin`` or ``Sec-Fetch-Site`` says it comes from another site is refused as well.
 
 The page is a Jinja2 template (``templates/fleet.html``) rendered with autoescaping: every
 value from agents, clients or registries is text, whatever it holds (markup, a 5,000-digit
@@ -22,7 +26,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hmac
 import json
+import secrets
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,7 +56,15 @@ from docker_variant.variant.model import SupportedLists
 from docker_variant.variant.selection import select
 from docker_variant.variant.virtual import virtual_host
 
-__all__ = ["SECURITY_HEADERS", "basic_token", "fleet_page", "page_context"]
+__all__ = [
+    "SECURITY_HEADERS",
+    "ForgedFormError",
+    "basic_token",
+    "cordon_form",
+    "fleet_page",
+    "form_key",
+    "page_context",
+]
 
 #: No script may run, nothing is loaded from elsewhere, forms post back here only.
 SECURITY_HEADERS = {
@@ -61,6 +75,38 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 _MAX_FORM = 4 * 1024 * 1024  # an index document typed or pasted in
+#: The key of ``form_key`` without ``--tokens``: one process, on loopback.
+_FORM_SECRET = secrets.token_bytes(32)
+
+
+class ForgedFormError(Exception):
+    """A form that changes something came without its key, or from another site (403)."""
+
+
+def form_key(credential: str | None) -> str:
+    """The hidden field of a form that changes something: keyed by the caller's token."""
+    key = credential.encode("utf-8", "surrogateescape") if credential else _FORM_SECRET
+    return hmac.new(key, b"variant-scheduler /ui form", "sha256").hexdigest()
+
+
+def _check_form(request: Request, fields: Mapping[str, str], credential: str | None) -> None:
+    origin = request.headers.get("origin")
+    if origin is not None and urllib.parse.urlsplit(origin).netloc != request.headers.get("host"):
+        raise ForgedFormError(f"a form posted from {origin!r}, another site, is refused")
+    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        raise ForgedFormError("a form posted from another site is refused")
+    if not hmac.compare_digest(fields.get("form_key", ""), form_key(credential)):
+        raise ForgedFormError("the form's key is missing or wrong: reload the page and try again")
+
+
+async def cordon_form(request: Request, credential: str | None) -> tuple[str, bool]:
+    """The posted cordon form, checked: (agent id, cordon it or not)."""
+    fields = await _form_fields(request)
+    _check_form(request, fields, credential)
+    action = fields.get("action")
+    if action not in ("cordon", "uncordon"):
+        raise InvalidInputError(f"action {action!r} is not one of cordon, uncordon")
+    return check_agent_id(fields.get("agent_id")), action == "cordon"
 
 
 def basic_token(request: Request) -> str | None:
@@ -156,6 +202,7 @@ class HostRow:
     devices: list[tuple[str, int, int]]  # (device name, free, allocated)
     unhealthy: int
     problem: str | None  # why it is shown first: stale, no devices, unhealthy devices
+    cordoned: bool
 
 
 def host_rows(views: Sequence[Mapping[str, Any]]) -> tuple[list[HostRow], int]:
@@ -169,7 +216,10 @@ def host_rows(views: Sequence[Mapping[str, Any]]) -> tuple[list[HostRow], int]:
         ]
         unhealthy = sum(len(ids) for ids in view.get("unhealthy", {}).values())
         problem = None
-        if not view.get("alive", True):
+        cordoned = bool(view.get("cordoned"))
+        if cordoned:
+            problem = "cordoned: no new placements"
+        elif not view.get("alive", True):
             problem = "stale: no heartbeat within the agent TTL"
         elif not devices:
             problem = "no devices reported"
@@ -184,6 +234,7 @@ def host_rows(views: Sequence[Mapping[str, Any]]) -> tuple[list[HostRow], int]:
                 devices,
                 unhealthy,
                 problem,
+                cordoned,
             )
         )
     rows.sort(key=lambda r: (r.problem is None, natural_key(r.agent_id)))
@@ -267,12 +318,14 @@ def page_context(
     shares: Mapping[str, Any] | None = None,
     now: datetime | None = None,
     refresh: int | None = None,
+    admin_form_key: str | None = None,
 ) -> dict[str, Any]:
     """Everything ``fleet.html`` shows, computed here (the template only lays it out)."""
     classes = fleet_classes(pool)
     hosts, hosts_left_out = host_rows(views)
     return {
         "refresh": refresh,
+        "admin_form_key": admin_form_key,  # an admin's page: cordon buttons with this key
         "hosts": hosts,
         "hosts_left_out": hosts_left_out,
         "resource_group": resource_group,
@@ -319,9 +372,10 @@ async def fleet_page(
     store: Store,
     who: Principal,
     resolve: Callable[[str], Awaitable[VariantIndex]],
+    credential: str | None = None,
 ) -> Response:
-    """The page for ``who``; ``resolve`` fetches an image's index under the API's rules
-    (the registry allow-list)."""
+    """The page for ``who`` (whose token is ``credential``); ``resolve`` fetches an image's
+    index under the API's rules (the registry allow-list)."""
     fields = await _form_fields(request)
     image = fields.get("image", "").strip()
     index_text = fields.get("index", "").strip()
@@ -358,6 +412,7 @@ async def fleet_page(
         resource_group=group,
         shares=shares,
         refresh=REFRESH if request.method == "GET" else None,  # a posted form is kept
+        admin_form_key=form_key(credential) if who.role == "admin" else None,
     )
     # rendered off the event loop: a fleet of thousands of agents is a long page
     return await run_in_threadpool(

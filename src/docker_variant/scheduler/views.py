@@ -27,10 +27,11 @@ def agent_views(
     device_rows: Sequence[Any],
     allocation_rows: Sequence[Any],
     alive: Callable[[float], bool],
+    cordoned: Mapping[str, float],
     profiles: Mapping[ProfileKey, SupportedLists] | None = None,
 ) -> list[dict[str, Any]]:
-    """Each agent with its devices (free, allocated, missing), unhealthy devices and shares;
-    with ``profiles``, also its lists and the placements holding its devices."""
+    """Each agent with its devices (free, allocated, missing), unhealthy devices, shares
+    and whether it is cordoned (``cordoned``: agent id -> since when); with ``profiles``, also its lists and the placements holding its devices."""
     reported: dict[str, dict[str, dict[str, Any]]] = {}
     for row in device_rows:
         reported.setdefault(row.agent_id, {}).setdefault(row.device_name, {})[row.device_id] = row
@@ -78,6 +79,7 @@ def agent_views(
             "first_seen": iso(row.first_seen),
             "last_seen": iso(row.last_seen),
             "alive": alive(row.last_seen),
+            "cordoned": row.agent_id in cordoned,
             "platform": row.platform,
             "devices": summary,
             "unhealthy": unhealthy,
