@@ -612,7 +612,7 @@ def test_what_if_for_an_image_in_a_real_registry(
             "/v1/what-if",
             json={"request": request | {"image": f"{registry.host}/{repo}:9"}, "templates": []},
         )
-        assert missing.status_code == 404
+        assert missing.status_code == 404, missing.text
 
 
 # --------------------------------------------------------------------------- CLI

@@ -123,10 +123,10 @@ def _guard(handler: Endpoint) -> Endpoint:
             return oci_error(400, ErrorCode.INVALID_INPUT, str(exc))
         except DatabaseUnavailableError as exc:
             return oci_error(503, ErrorCode.DATABASE_UNAVAILABLE, str(exc))
+        except RegistryError as exc:  # before UnreachableError: a registry's own answer
+            return _registry_failure(exc)
         except UnreachableError as exc:  # the apiserver reviewing an agent's token
             return oci_error(503, ErrorCode.UNAVAILABLE, str(exc))
-        except RegistryError as exc:
-            return _registry_failure(exc)
         except ClientDisconnect:  # gone, or cut off by --body-timeout (408): nobody reads this
             return oci_error(400, ErrorCode.INVALID_INPUT, "the request body was cut short")
         except Exception as exc:
