@@ -166,7 +166,7 @@ def _run_what_if(args: Any, error: Callable[[str], Any]) -> int:
     from docker_variant.agent.client import check_scheduler_url, read_token, scheduler_failure
     from docker_variant.jsondoc import load_json, read_json_file
     from docker_variant.oci.errcode import read_error
-    from docker_variant.oci.http import read_bounded, sync_client
+    from docker_variant.oci.http import read_response, sync_client
     from docker_variant.scheduler.whatif import parse_what_if
 
     try:
@@ -192,7 +192,7 @@ def _run_what_if(args: Any, error: Callable[[str], Any]) -> int:
             sync_client(timeout=60, headers=headers) as http,
             http.stream("POST", url, json=body) as response,
         ):
-            data = read_bounded(response, _WHAT_IF_ANSWER_LIMIT, url)
+            data = read_response(response, _WHAT_IF_ANSWER_LIMIT, url)
         answer = load_json(data, f"{url} answer") if response.status_code == 200 else None
     except httpx.HTTPError as exc:
         sys.stderr.write(
