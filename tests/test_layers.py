@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
         "oci.mediatypes",
         "oci.errcode",
         "oci.extension",
+        "oci.bodies",
     ),
     ("vendors",),
     ("variant",),

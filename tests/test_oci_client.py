@@ -464,6 +464,22 @@ def test_the_sync_client_waits_out_a_429_within_its_budget(fake_upstream: FakeUp
         client.list_tags("app")
 
 
+@pytest.mark.parametrize("header", ["\u00b2", "1\u00b2", "+5", "-1", "5 s"])
+def test_a_retry_after_that_is_no_ascii_number_is_read_as_one_second(
+    fake_upstream: FakeUpstream, header: str
+) -> None:
+    """RFC 9110's delta-seconds is 1*DIGIT, ASCII: "²" passes str.isdigit() and float()
+    refuses it, which once raised a bare ValueError out of list_tags. It reads as no
+    delay given (1 s), over a budget of half a second: the client's own error."""
+    limited = b'{"errors": [{"code": "TOOMANYREQUESTS", "message": "slow down"}]}'
+    fake_upstream.routes["/v2/app/tags/list"] = Reply(429, limited, {"Retry-After": header})
+    with (
+        SyncRegistryClient(fake_upstream.url, rate_limit_wait=0.5) as client,
+        pytest.raises(RateLimitedError, match=r"asks to wait 1\.0 s and docker-variant waits"),
+    ):
+        client.list_tags("app")
+
+
 def test_the_sync_client_names_a_registry_that_is_down() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

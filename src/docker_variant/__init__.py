@@ -7,7 +7,8 @@ The package map, bottom first. Each layer imports only its own layer and those b
   code), ``numtext``, ``jsondoc`` and ``tomldoc`` (bounded readers of untrusted numbers, JSON
   and TOML, sharing ``textdoc``), ``safetext`` (untrusted text made safe to print), ``retry`` (jittered backoff), ``lazy`` (package attributes imported on first use), ``pluginmeta`` (the Docker CLI plugin's metadata),
   ``localcache``, ``openapi`` (the servers' API documents), and the pure wire rules of
-  ``oci``: ``oci.grammar``, ``oci.mediatypes``, ``oci.errcode``
+  ``oci``: ``oci.grammar``, ``oci.mediatypes``, ``oci.errcode``, ``oci.bodies`` (the one
+  bounded body reader)
 - ``vendors``   one module per accelerator vendor: value grammar and order, what runs where,
   product names, DRA attributes (NVIDIA, AMD, descriptor namespaces)
 - ``variant``   the model on variantlib: properties, labels, index documents, ordering, selection

@@ -27,6 +27,8 @@ from docker_variant.pluginmeta import PLUGIN_METADATA_JSON
 UNUSED_OPTIONAL_IMPORTS = (
     # httpx imports its own command line (click, rich.syntax, pygments lexers) whenever rich
     # is installed: 30 to 50 ms of every registry command; the fallback is a stub httpx.main.
+    # A private name with no public switch: tests/test_private_names.py fails if httpx
+    # stops importing it (this line would then do nothing).
     "httpx._main",
     # httpcore imports trio, if installed (selenium brings it), to support running under
     # trio: 120 to 250 ms here (trio, attrs). This process runs asyncio only.
@@ -64,6 +66,8 @@ def _exit_now(code: int) -> None:
 
     if threading.active_count() > 1:
         sys.exit(code)
+    # No public API runs the atexit handlers and then skips the teardown: this private one
+    # is what the interpreter itself calls (tests/test_private_names.py keeps it so).
     atexit._run_exitfuncs()
     os._exit(code)
 

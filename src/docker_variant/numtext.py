@@ -13,7 +13,15 @@ import re
 
 from docker_variant.errors import InvalidInputError, one_line
 
-__all__ = ["DIGITS", "MAX_DIGITS", "is_number", "parse_number", "parse_version"]
+__all__ = [
+    "DIGITS",
+    "HEADER_NUMBER_CAP",
+    "MAX_DIGITS",
+    "header_number",
+    "is_number",
+    "parse_number",
+    "parse_version",
+]
 
 MAX_DIGITS = 9
 
@@ -23,6 +31,10 @@ DIGITS = f"[0-9]{{1,{MAX_DIGITS}}}"
 
 _NUMBER = re.compile(DIGITS)
 _VERSION = re.compile(rf"{DIGITS}(?:\.{DIGITS}){{0,7}}")
+#: What ``header_number`` reads a larger number as: past every bound this package keeps.
+HEADER_NUMBER_CAP = 10**18
+# RFC 9110's 1*DIGIT, ASCII only: int() and str.isdigit() also take "²" or Arabic-Indic digits
+_HEADER_NUMBER = re.compile(r"[0-9]+")
 
 
 def is_number(text: str) -> bool:
@@ -49,3 +61,17 @@ def parse_version(text: str, what: str) -> tuple[int, ...]:
             f"(at most 8 parts of 1 to {MAX_DIGITS} digits)"
         )
     return tuple(int(part) for part in text.split("."))
+
+
+def header_number(value: str | None) -> int | None:
+    """The number an HTTP header holds (``Content-Length``, ``Retry-After``'s
+    delta-seconds: RFC 9110's ``1*DIGIT``, ASCII digits only, spaces around it allowed), or
+    ``None`` when it is absent or no such number. A number past ``HEADER_NUMBER_CAP`` reads
+    as the cap: it is over every limit anyway, and never converted digit by digit."""
+    text = (value or "").strip(" \t")  # OWS: spaces and tabs
+    if _HEADER_NUMBER.fullmatch(text) is None:
+        return None
+    significant = text.lstrip("0")
+    if len(significant) > len(str(HEADER_NUMBER_CAP)) - 1:
+        return HEADER_NUMBER_CAP
+    return int(significant or "0")

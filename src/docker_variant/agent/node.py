@@ -72,7 +72,7 @@ from docker_variant.errors import (
     one_line,
 )
 from docker_variant.jsondoc import load_json
-from docker_variant.numtext import is_number
+from docker_variant.oci.bodies import BodyLimit, read_bounded
 from docker_variant.oci.errcode import read_error
 from docker_variant.oci.http import sync_client
 from docker_variant.providers import detect_host
@@ -153,21 +153,16 @@ def read_answer(response: httpx.Response, limit: int = MAX_ANSWER_BYTES) -> byte
             "identity",
             status=status,
         )
-    declared = response.headers.get("content-length", "").strip()
-    if is_number(declared) and int(declared) > limit:
-        raise HeartbeatError(
-            f"{status}: the answer is {declared} bytes, more than the {limit} an agent reads",
-            status=status,
-        )
-    data = bytearray()
-    for chunk in response.iter_raw():
-        data += chunk
-        if len(data) > limit:
-            raise HeartbeatError(
-                f"{status}: the answer is larger than the {limit} bytes an agent reads",
-                status=status,
-            )
-    return bytes(data)
+
+    def too_large(declared: str | None) -> HeartbeatError:
+        if declared is not None:
+            text = f"is {declared} bytes, more than the {limit} an agent reads"
+        else:
+            text = f"is larger than the {limit} bytes an agent reads"
+        return HeartbeatError(f"{status}: the answer {text}", status=status)
+
+    declared = response.headers.get("content-length")
+    return read_bounded(response.iter_raw(), BodyLimit(limit, too_large, declared=declared))
 
 
 def error_message(data: bytes, reason: str) -> str:

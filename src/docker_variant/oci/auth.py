@@ -24,6 +24,7 @@ import httpx
 
 from docker_variant.errors import InvalidInputError
 from docker_variant.jsondoc import load_json, read_json_stream
+from docker_variant.oci.bodies import BodyLimit
 from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.errors import BadUpstreamResponseError, RegistryAuthError
 from docker_variant.oci.http import USER_AGENT, TLSFiles
@@ -389,29 +390,23 @@ class _BoundedStream(httpx.SyncByteStream, httpx.AsyncByteStream):
         self._stream = stream
         self._url = url
 
-    def _too_large(self) -> BadUpstreamResponseError:
-        return BadUpstreamResponseError(
-            f"{self._url} answered more than the {_TOKEN_LIMIT} bytes read of a token or a "
-            "challenge",
-            url=self._url,
-        )
+    def _limit(self) -> BodyLimit:
+        def too_large(declared: str | None) -> BadUpstreamResponseError:
+            return BadUpstreamResponseError(
+                f"{self._url} answered more than the {_TOKEN_LIMIT} bytes read of a token or "
+                "a challenge",
+                url=self._url,
+            )
+
+        return BodyLimit(_TOKEN_LIMIT, too_large)
 
     def __iter__(self) -> Iterator[bytes]:
         assert isinstance(self._stream, httpx.SyncByteStream)
-        size = 0
-        for chunk in self._stream:
-            size += len(chunk)
-            if size > _TOKEN_LIMIT:
-                raise self._too_large()
-            yield chunk
+        yield from self._limit().takes(self._stream)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         assert isinstance(self._stream, httpx.AsyncByteStream)
-        size = 0
-        async for chunk in self._stream:
-            size += len(chunk)
-            if size > _TOKEN_LIMIT:
-                raise self._too_large()
+        async for chunk in self._limit().atakes(self._stream):
             yield chunk
 
     def close(self) -> None:

@@ -9,24 +9,25 @@ from where; no httpx or json exception escapes.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import email.utils
 import hashlib
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import httpx
 
 from docker_variant.errors import DockerVariantError, InvalidInputError, one_line
 from docker_variant.jsondoc import load_json
-from docker_variant.numtext import is_number
+from docker_variant.numtext import header_number, is_number
 from docker_variant.oci.auth import RegistryAuth, registry_tls_files
+from docker_variant.oci.bodies import BodyLimit, TooLarge, aread_bounded, read_bounded
 from docker_variant.oci.errcode import ERROR_BODY_LIMIT, ErrorCode, read_error
 from docker_variant.oci.errors import (
     BadDocumentError,
@@ -193,11 +194,22 @@ _T = TypeVar("_T")
 Read = Generator[_Get, _Answer, _T]
 
 
-class _RegistryReads:
+_Transport = TypeVar("_Transport", httpx.BaseTransport, httpx.AsyncBaseTransport)
+#: What a read's runner does next (``_RegistryReads.exchanges``): send a GET, or wait so many
+#: seconds before sending it again (a 429).
+_Step = _Get | float
+#: What came of a step: its answer, ``None`` after a wait, or the error of its GET.
+_Outcome = _Answer | Exception | None
+_Steps = Generator[_Step, _Answer | None, Any]
+
+
+class _RegistryReads(Generic[_Transport]):
     """The read side of the distribution API, written once for both clients.
 
     Each read is a generator that yields the GETs it needs and checks what comes back;
-    ``RegistryClient`` runs it on asyncio (concurrent scans, the proxy), and
+    ``exchanges`` wraps it with the retries and the deadline, and every request's options,
+    body bounds and answers are decided here too. The two clients differ only in how they
+    carry that out: ``RegistryClient`` on asyncio (concurrent scans, the proxy),
     ``SyncRegistryClient`` in the calling thread (a command's few requests in a row). A
     429 is retried after its ``Retry-After`` while the client's wait budget lasts (public
     registries limit pulls); then, or when the registry asks for a longer wait, it fails
@@ -207,13 +219,21 @@ class _RegistryReads:
     def __init__(
         self,
         base_url: str,
-        platform: Platform | None,
-        rate_limit_wait: float,
-        max_concurrency: int,
-        deadline: float | None,
-        max_pages: int,
+        *,
+        auth: httpx.Auth | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | httpx.Timeout = 30.0,
+        max_concurrency: int = 8,
+        platform: Platform | None = None,
+        transport: _Transport | None = None,
+        rate_limit_wait: float = DEFAULT_RATE_LIMIT_WAIT,
+        tls: ssl.SSLContext | None = None,
+        deadline: float | None = None,
+        max_pages: int = DEFAULT_MAX_PAGES,
         limits: ReadLimits | None = None,
     ) -> None:
+        """``headers`` go out on every request; ``deadline``: seconds all of this client's
+        reads must end within (``None``: no deadline, each request within ``timeout``)."""
         if max_concurrency < 1:
             raise InvalidInputError(f"max_concurrency must be at least 1, got {max_concurrency}")
         if max_pages < 1:
@@ -231,6 +251,77 @@ class _RegistryReads:
         self.rate_limit_wait = rate_limit_wait
         self._wait_budget = rate_limit_wait
         self.limits = limits or ReadLimits()
+        self._timeout = httpx.Timeout(timeout)
+        http = {"auth": auth, "headers": headers, "timeout": timeout, "tls": tls}
+        self._connect(http, transport)
+
+    def _connect(self, settings: dict[str, Any], transport: _Transport | None) -> None:
+        """Make this client's HTTP client from ``settings`` (``oci.http``'s keywords)."""
+        raise NotImplementedError
+
+    @classmethod
+    def for_registry(cls, registry: str, *, config_path: Path | None = None, **kwargs: Any) -> Self:
+        """A client for ``registry`` (``host[:port]``) with Docker's stored credentials and
+        the CAs Docker keeps for it (``certs.d``)."""
+        return cls(**(_registry_settings(registry, config_path) | cls._bounds() | kwargs))
+
+    @staticmethod
+    def _bounds() -> dict[str, Any]:
+        """What ``for_registry`` bounds a client's reads with (none: no deadline)."""
+        return {}
+
+    def exchanges(self, read: Read[_T]) -> Generator[_Step, _Answer | None, _T]:
+        """``read`` as its client carries it out: each GET to send (its answer sent back, or
+        its error thrown in: the read decides, a 404 may be an answer) and each wait in
+        seconds before a 429 is asked again (``None`` sent back)."""
+        done, step = _step(read.send, None)
+        while not done:
+            try:
+                answer = yield from self._attempts(step)
+            except Exception as exc:
+                done, step = _step(read.throw, exc)
+            else:
+                done, step = _step(read.send, answer)
+        result: _T = step
+        return result
+
+    def _attempts(self, get: _Get) -> Generator[_Step, _Answer | None, _Answer]:
+        """``get``, sent again after each 429 while the wait budget and deadline allow."""
+        for attempt in range(_RATE_LIMIT_RETRIES + 1):
+            try:
+                answer = yield get
+            except UpstreamUnavailableError as exc:
+                delay = self._rate_limit_delay(exc, attempt)
+                left = self._time_left(get)  # the next attempt fails if the wait outlasts it
+                yield delay if left is None else min(delay, left)
+            else:
+                assert answer is not None
+                return answer
+        raise AssertionError("unreachable")  # the last attempt returns or raises
+
+    def _options(self, get: _Get) -> dict[str, Any]:
+        """``stream``'s keywords for ``get``: its headers and query, each time-out capped
+        at the deadline."""
+        return {"headers": get.headers, "params": get.params, **self._timeout_within(get)}
+
+    def _body_limit(self, get: _Get, response: httpx.Response) -> BodyLimit:
+        """How much of ``response``'s body is read: an answer's up to ``get.limit`` (a
+        manifest is not a gigabyte), an error's first ``ERROR_BODY_LIMIT`` bytes (enough
+        to find its code); the deadline checked between chunks."""
+        check = self._check_time(get)
+        if not response.is_success:
+            too_large = _too_large(get.what, response, ERROR_BODY_LIMIT)
+            return BodyLimit(ERROR_BODY_LIMIT, too_large, truncate=True, check=check)
+        too_large = _too_large(get.what, response, get.limit)
+        declared = response.headers.get("content-length")
+        return BodyLimit(get.limit, too_large, declared=declared, check=check)
+
+    @staticmethod
+    def _answer(get: _Get, response: httpx.Response, body: bytes) -> _Answer:
+        """``response`` and its ``body`` as the read's answer, or the error it says."""
+        if not response.is_success:
+            raise _status_error(response, body, get.what)
+        return response, body
 
     def _rate_limit_delay(self, exc: UpstreamUnavailableError, attempt: int) -> float:
         """Seconds to wait before retrying after ``exc``; raises when it is no 429 or the
@@ -265,10 +356,10 @@ class _RegistryReads:
             ) from TimeoutError()  # servers report it as a time-out (server.errors.timed_out)
         return left
 
-    def _timeout_within(self, timeout: httpx.Timeout, get: _Get) -> dict[str, Any]:
+    def _timeout_within(self, get: _Get) -> dict[str, Any]:
         """``stream``'s keyword for ``get``: each wait of httpx's ``timeout`` capped at the
         time left (every socket read included), so one silent read cannot outlast it."""
-        left = self._time_left(get)
+        left, timeout = self._time_left(get), self._timeout
         if left is None:
             return {}
 
@@ -288,6 +379,15 @@ class _RegistryReads:
         """What a body's reader calls between chunks: a drip of a byte a second passes every
         per-read time-out, not the deadline."""
         return lambda: self._time_left(get)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _failures(get: _Get) -> Iterator[None]:
+        """httpx's failures (no usable answer) of ``get`` as this package's errors."""
+        try:
+            yield
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc, get.what, get.url) from exc
 
     def read_tags(self, repository: str, page_size: int | None) -> Read[list[str]]:
         check_repository(repository)
@@ -319,7 +419,7 @@ class _RegistryReads:
             response,
         )
 
-    def _get_manifest(
+    def read_platform_manifest(
         self, repository: str, reference: str, platform: Platform | None
     ) -> Read[Manifest]:
         top = yield from self.read_manifest(repository, reference)  # checks both names
@@ -343,17 +443,17 @@ class _RegistryReads:
         _check_digest(body, digest, what, response)
         return _json_object(body, what, response)
 
-    def _get_labels(self, repository: str, manifest: Manifest) -> Read[dict[str, str]]:
+    def read_labels(self, repository: str, manifest: Manifest) -> Read[dict[str, str]]:
         config = yield from self.read_config(repository, manifest)
         url = f"{self.base_url}/v2/{repository}/blobs/{manifest.config_digest}"
         return config_labels(config, f"config blob {url}", self.limits)
 
-    def _image_labels(self, repository: str, tag: str) -> Read[tuple[str, dict[str, str]]]:
-        manifest = yield from self._get_manifest(repository, tag, None)
-        labels = yield from self._get_labels(repository, manifest)
+    def read_image_labels(self, repository: str, tag: str) -> Read[tuple[str, dict[str, str]]]:
+        manifest = yield from self.read_platform_manifest(repository, tag, None)
+        labels = yield from self.read_labels(repository, manifest)
         return manifest.tag_digest, labels
 
-    def _get_variant_index(
+    def read_variant_index(
         self, repository: str, version: str, refresh: bool
     ) -> Read[VariantIndex | None]:
         check_repository(repository)
@@ -418,7 +518,7 @@ class _RegistryReads:
         return Manifest(media_type, digest, body, data)
 
 
-class RegistryClient(_RegistryReads):
+class RegistryClient(_RegistryReads[httpx.AsyncBaseTransport]):
     """The distribution API of one registry (or a proxy in front of it), on asyncio.
 
     ``headers`` go out on every request: the proxy passes a caller's ``Authorization``
@@ -426,56 +526,24 @@ class RegistryClient(_RegistryReads):
     ``max_concurrency`` requests are in flight at once.
     """
 
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        auth: httpx.Auth | None = None,
-        headers: Mapping[str, str] | None = None,
-        timeout: float | httpx.Timeout = 30.0,
-        max_concurrency: int = 8,
-        platform: Platform | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-        rate_limit_wait: float = DEFAULT_RATE_LIMIT_WAIT,
-        tls: ssl.SSLContext | None = None,
-        deadline: float | None = None,
-        max_pages: int = DEFAULT_MAX_PAGES,
-        limits: ReadLimits | None = None,
+    def _connect(
+        self, settings: dict[str, Any], transport: httpx.AsyncBaseTransport | None
     ) -> None:
         import asyncio  # here: the sync client's commands load no asyncio
 
-        super().__init__(
-            base_url, platform, rate_limit_wait, max_concurrency, deadline, max_pages, limits
-        )
-        self._semaphore = asyncio.Semaphore(max_concurrency)
+        self._semaphore = asyncio.Semaphore(self.max_concurrency)
         self._http = async_client(
             base_url=self.base_url,
-            auth=auth,
-            headers=headers,
-            timeout=timeout,
             follow_redirects=True,  # blobs may live behind a redirect (S3, CDN)
-            limits=httpx.Limits(max_connections=max_concurrency),
+            limits=httpx.Limits(max_connections=self.max_concurrency),
             transport=transport,
-            tls=tls,
+            **settings,
         )
 
-    @classmethod
-    def for_registry(
-        cls, registry: str, *, config_path: Path | None = None, **kwargs: Any
-    ) -> RegistryClient:
-        """A client for ``registry`` (``host[:port]``) with Docker's stored credentials and
-        the CAs Docker keeps for it (``certs.d``)."""
-        return cls(**(_registry_settings(registry, config_path) | kwargs))
-
-    async def __aenter__(self) -> RegistryClient:
+    async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
@@ -483,26 +551,26 @@ class RegistryClient(_RegistryReads):
 
     async def list_tags(self, repository: str, *, page_size: int | None = None) -> list[str]:
         """Every tag, following ``Link: <...>; rel="next"`` pages."""
-        return await self._run(self.read_tags(repository, page_size))
+        return await self.run(self.read_tags(repository, page_size))
 
     async def get_manifest(
         self, repository: str, reference: str, *, platform: Platform | None = None
     ) -> Manifest:
         """The manifest of a tag or digest; an index resolves to ``platform``'s manifest
         (default: this host's), else the index's first linux one."""
-        return await self._run(self._get_manifest(repository, reference, platform))
+        return await self.run(self.read_platform_manifest(repository, reference, platform))
 
     async def get_config(self, repository: str, manifest: Manifest) -> dict[str, Any]:
         """The image config blob named by ``manifest``, checked to be a JSON object."""
-        return await self._run(self.read_config(repository, manifest))
+        return await self.run(self.read_config(repository, manifest))
 
     async def get_labels(self, repository: str, manifest: Manifest) -> dict[str, str]:
         """``config.Labels`` of the image config that ``manifest`` names."""
-        return await self._run(self._get_labels(repository, manifest))
+        return await self.run(self.read_labels(repository, manifest))
 
     async def image_labels(self, repository: str, tag: str) -> tuple[str, dict[str, str]]:
         """``(digest the tag points at, config.Labels)``."""
-        return await self._run(self._image_labels(repository, tag))
+        return await self.run(self.read_image_labels(repository, tag))
 
     async def get_variant_index(
         self, repository: str, version: str, *, refresh: bool = False
@@ -510,11 +578,11 @@ class RegistryClient(_RegistryReads):
         """The proxy's ``/v2/<name>/_variants/<version>`` document; ``None`` when the
         registry has no such extension (a plain 404 without an OCI error code).
         ``refresh`` asks a caching proxy for a fresh document (``Cache-Control: no-cache``)."""
-        return await self._run(self._get_variant_index(repository, version, refresh))
+        return await self.run(self.read_variant_index(repository, version, refresh))
 
     async def fetch_manifest(self, repository: str, reference: str) -> Manifest:
         """The manifest or index at ``reference`` as it is (no platform resolution)."""
-        return await self._run(self.read_manifest(repository, reference))
+        return await self.run(self.read_manifest(repository, reference))
 
     async def stream_blob(
         self, repository: str, digest: str, *, chunk_size: int = 1 << 20
@@ -525,23 +593,21 @@ class RegistryClient(_RegistryReads):
         if digest_problem(digest) or not digest.startswith("sha256:"):
             raise InvalidInputError(f"blob {digest!r} of {repository}: only sha256 digests")
         what = f"blob {digest} of {repository}"
-        url = f"{self.base_url}/v2/{repository}/blobs/{digest}"
+        get = _Get(f"{self.base_url}/v2/{repository}/blobs/{digest}", what, 0)
         hasher = hashlib.sha256()
         async with self._semaphore:
-            try:
-                async with self._http.stream("GET", url) as response:
+            with self._failures(get):
+                async with self._http.stream("GET", get.url) as response:
                     if not response.is_success:
-                        body = await _read(response, ERROR_BODY_LIMIT, what, truncate=True)
-                        raise _status_error(response, body, what)
+                        bound = self._body_limit(get, response)
+                        self._answer(
+                            get, response, await aread_bounded(response.aiter_bytes(), bound)
+                        )
                     async for chunk in response.aiter_bytes(chunk_size):
                         hasher.update(chunk)
                         yield chunk
                     if "sha256:" + hasher.hexdigest() != digest:
                         raise _bad(f"{what}: content does not match its digest", response)
-            except RegistryError:
-                raise
-            except httpx.HTTPError as exc:
-                raise _transport_error(exc, what, url) from exc
 
     async def put_manifest(
         self, repository: str, reference: str, body: bytes, media_type: str
@@ -552,43 +618,49 @@ class RegistryClient(_RegistryReads):
         url = f"{self.base_url}/v2/{repository}/manifests/{reference}"
         what = f"push of manifest {_name(repository, reference)}"
         async with self._semaphore:
-            try:
+            with self._failures(_Get(url, what, 0)):
                 response = await self._http.put(
                     url, content=body, headers={"Content-Type": media_type}
                 )
-            except httpx.HTTPError as exc:
-                raise _transport_error(exc, what, url) from exc
             if not response.is_success:
                 raise _status_error(response, response.content[:ERROR_BODY_LIMIT], what)
         digest = _sha256(body)
         _check_stated_digest(response, body, digest, what)
         return digest
 
-    async def _run(self, read: Read[_T]) -> _T:
-        done, step = _step(read.send, None)
+    async def run(self, read: Read[_T]) -> _T:
+        """Carry out one read (``read_*``) on asyncio."""
+        steps = self.exchanges(read)
+        done, step = _step(steps.send, None)
         while not done:
-            assert isinstance(step, _Get)
-            try:
-                answer = await self._get(step)
-            except Exception as exc:  # the read decides (a 404 may be an answer)
-                done, step = _step(read.throw, exc)
-            else:
-                if len(answer[1]) > _INLINE_BODY:
-                    # a big document is checked and parsed off the event loop
-                    from docker_variant.oci.offload import off_loop
+            outcome = await self._carry_out(step)
+            if isinstance(outcome, tuple) and len(outcome[1]) > _INLINE_BODY:
+                # a big document is checked and parsed off the event loop
+                from docker_variant.oci.offload import off_loop
 
-                    done, step = await off_loop(_step, read.send, answer)
-                else:
-                    done, step = _step(read.send, answer)
+                done, step = await off_loop(_resume, steps, outcome)
+            else:
+                done, step = _resume(steps, outcome)
         result: _T = step
         return result
+
+    async def _carry_out(self, step: _Step) -> _Outcome:
+        import asyncio
+
+        if isinstance(step, float):
+            await asyncio.sleep(step)
+            return None
+        try:
+            return await self._get(step)
+        except Exception as exc:  # thrown into the read, which decides
+            return exc
 
     async def run_all(self, reads: Sequence[Read[_T]]) -> list[_T]:
         """Run ``reads`` concurrently (at most ``max_concurrency`` requests in flight), their
         results in order; the first error stops the others and is raised."""
         import asyncio
 
-        tasks = [asyncio.ensure_future(self._run(read)) for read in reads]
+        tasks = [asyncio.ensure_future(self.run(read)) for read in reads]
         try:
             return list(await asyncio.gather(*tasks))
         except BaseException:
@@ -599,95 +671,40 @@ class RegistryClient(_RegistryReads):
             raise
 
     async def _get(self, get: _Get) -> _Answer:
-        for attempt in range(_RATE_LIMIT_RETRIES + 1):
-            try:
-                return await self._get_once(get)
-            except UpstreamUnavailableError as exc:
-                delay = self._rate_limit_delay(exc, attempt)
-                import asyncio
-
-                left = self._time_left(get)  # the next attempt fails if the wait outlasts it
-                await asyncio.sleep(delay if left is None else min(delay, left))
-        raise AssertionError("unreachable")  # the last attempt returns or raises
-
-    async def _get_once(self, get: _Get) -> _Answer:
-        async with self._semaphore:
-            try:
-                timeout = self._timeout_within(self._http.timeout, get)
-                check = self._check_time(get)
-                async with self._http.stream(
-                    "GET", get.url, headers=get.headers, params=get.params, **timeout
-                ) as r:
-                    if not r.is_success:
-                        body = await _read(
-                            r, ERROR_BODY_LIMIT, get.what, truncate=True, check=check
-                        )
-                        raise _status_error(r, body, get.what)
-                    return r, await _read(r, get.limit, get.what, check=check)
-            except RegistryError:
-                raise
-            except httpx.HTTPError as exc:
-                raise _transport_error(exc, get.what, get.url) from exc
+        with self._failures(get):
+            async with (
+                self._semaphore,
+                self._http.stream("GET", get.url, **self._options(get)) as r,
+            ):
+                body = await aread_bounded(r.aiter_bytes(), self._body_limit(get, r))
+                return self._answer(get, r, body)
 
 
-class SyncRegistryClient(_RegistryReads):
+class SyncRegistryClient(_RegistryReads[httpx.BaseTransport]):
     """The same reads as ``RegistryClient``, one request at a time in the calling thread,
     over httpx's sync client: for a command that makes a few requests in a row (``pull``
     and ``resolve`` fetching a published or proxied index), which then loads neither
     asyncio nor anyio and shares one HTTP stack with the engine client. ``run_all`` runs
-    many reads (a tag scan) on up to ``max_concurrency`` threads."""
+    many reads (a tag scan) on up to ``max_concurrency`` threads. ``for_registry`` bounds
+    its reads as a command's are (``read_limits``)."""
 
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        auth: httpx.Auth | None = None,
-        headers: Mapping[str, str] | None = None,
-        timeout: float | httpx.Timeout = 30.0,
-        max_concurrency: int = 8,
-        platform: Platform | None = None,
-        transport: httpx.BaseTransport | None = None,
-        rate_limit_wait: float = DEFAULT_RATE_LIMIT_WAIT,
-        tls: ssl.SSLContext | None = None,
-        deadline: float | None = None,
-        max_pages: int = DEFAULT_MAX_PAGES,
-        limits: ReadLimits | None = None,
-    ) -> None:
-        """``deadline``: seconds all of this client's reads must end within (``None``: no
-        deadline, each request within ``timeout``); ``for_registry`` sets a command's."""
-        super().__init__(
-            base_url, platform, rate_limit_wait, max_concurrency, deadline, max_pages, limits
-        )
+    def _connect(self, settings: dict[str, Any], transport: httpx.BaseTransport | None) -> None:
         self._http = sync_client(
             base_url=self.base_url,
-            auth=auth,
-            headers=headers,
-            timeout=timeout,
             follow_redirects=True,  # blobs may live behind a redirect (S3, CDN)
             transport=transport,
-            tls=tls,
+            **settings,
         )
 
-    @classmethod
-    def for_registry(
-        cls, registry: str, *, config_path: Path | None = None, **kwargs: Any
-    ) -> SyncRegistryClient:
-        """A client for ``registry`` (``host[:port]``) with Docker's stored credentials and
-        the CAs Docker keeps for it (``certs.d``), bounded as a command's reads are
-        (``read_limits``)."""
+    @staticmethod
+    def _bounds() -> dict[str, Any]:
         deadline, max_pages = read_limits()
-        limits = {"deadline": deadline, "max_pages": max_pages}
-        return cls(**(_registry_settings(registry, config_path) | limits | kwargs))
+        return {"deadline": deadline, "max_pages": max_pages}
 
-    def __enter__(self) -> SyncRegistryClient:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -695,61 +712,65 @@ class SyncRegistryClient(_RegistryReads):
 
     def list_tags(self, repository: str, *, page_size: int | None = None) -> list[str]:
         """Every tag, following ``Link: <...>; rel="next"`` pages."""
-        return self._run(self.read_tags(repository, page_size))
+        return self.run(self.read_tags(repository, page_size))
 
     def get_manifest(
         self, repository: str, reference: str, *, platform: Platform | None = None
     ) -> Manifest:
         """As ``RegistryClient.get_manifest``."""
-        return self._run(self._get_manifest(repository, reference, platform))
+        return self.run(self.read_platform_manifest(repository, reference, platform))
 
     def get_config(self, repository: str, manifest: Manifest) -> dict[str, Any]:
         """As ``RegistryClient.get_config``."""
-        return self._run(self.read_config(repository, manifest))
+        return self.run(self.read_config(repository, manifest))
 
     def get_labels(self, repository: str, manifest: Manifest) -> dict[str, str]:
         """As ``RegistryClient.get_labels``."""
-        return self._run(self._get_labels(repository, manifest))
+        return self.run(self.read_labels(repository, manifest))
 
     def image_labels(self, repository: str, tag: str) -> tuple[str, dict[str, str]]:
         """As ``RegistryClient.image_labels``."""
-        return self._run(self._image_labels(repository, tag))
+        return self.run(self.read_image_labels(repository, tag))
 
     def get_variant_index(
         self, repository: str, version: str, *, refresh: bool = False
     ) -> VariantIndex | None:
         """As ``RegistryClient.get_variant_index``."""
-        return self._run(self._get_variant_index(repository, version, refresh))
+        return self.run(self.read_variant_index(repository, version, refresh))
 
     def fetch_manifest(self, repository: str, reference: str) -> Manifest:
         """As ``RegistryClient.fetch_manifest``."""
-        return self._run(self.read_manifest(repository, reference))
+        return self.run(self.read_manifest(repository, reference))
 
-    def _run(self, read: Read[_T]) -> _T:
+    def run(self, read: Read[_T]) -> _T:
+        """Carry out one read (``read_*``) in this thread."""
+        steps = self.exchanges(read)
+        done, step = _step(steps.send, None)
+        while not done:
+            done, step = _resume(steps, self._carry_out(step))
+        result: _T = step
+        return result
+
+    def _carry_out(self, step: _Step) -> _Outcome:
+        if isinstance(step, float):
+            time.sleep(step)
+            return None
         try:
-            get = next(read)
-            while True:
-                try:
-                    answer = self._get(get)
-                except Exception as exc:  # the read decides (a 404 may be an answer)
-                    get = read.throw(exc)
-                else:
-                    get = read.send(answer)
-        except StopIteration as done:
-            result: _T = done.value
-            return result
+            return self._get(step)
+        except Exception as exc:  # thrown into the read, which decides
+            return exc
 
     def run_all(self, reads: Sequence[Read[_T]]) -> list[_T]:
         """Run ``reads`` on up to ``max_concurrency`` threads sharing this client's
         connections, their results in order; the first error cancels the reads not started
         yet and is raised once the running ones are done."""
         if self.max_concurrency == 1 or len(reads) < 2:
-            return [self._run(read) for read in reads]
+            return [self.run(read) for read in reads]
         from concurrent.futures import ThreadPoolExecutor
 
         workers = min(self.max_concurrency, len(reads))
         with ThreadPoolExecutor(workers, thread_name_prefix="registry-read") as pool:
-            futures = [pool.submit(self._run, read) for read in reads]
+            futures = [pool.submit(self.run, read) for read in reads]
             try:
                 return [future.result() for future in futures]
             except BaseException:
@@ -758,30 +779,8 @@ class SyncRegistryClient(_RegistryReads):
                 raise
 
     def _get(self, get: _Get) -> _Answer:
-        for attempt in range(_RATE_LIMIT_RETRIES + 1):
-            try:
-                return self._get_once(get)
-            except UpstreamUnavailableError as exc:
-                delay = self._rate_limit_delay(exc, attempt)
-                left = self._time_left(get)  # the next attempt fails if the wait outlasts it
-                time.sleep(delay if left is None else min(delay, left))
-        raise AssertionError("unreachable")  # the last attempt returns or raises
-
-    def _get_once(self, get: _Get) -> _Answer:
-        try:
-            timeout = self._timeout_within(self._http.timeout, get)
-            check = self._check_time(get)
-            with self._http.stream(
-                "GET", get.url, headers=get.headers, params=get.params, **timeout
-            ) as r:
-                if not r.is_success:
-                    body = _read_sync(r, ERROR_BODY_LIMIT, get.what, truncate=True, check=check)
-                    raise _status_error(r, body, get.what)
-                return r, _read_sync(r, get.limit, get.what, check=check)
-        except RegistryError:
-            raise
-        except httpx.HTTPError as exc:
-            raise _transport_error(exc, get.what, get.url) from exc
+        with self._failures(get), self._http.stream("GET", get.url, **self._options(get)) as r:
+            return self._answer(get, r, read_bounded(r.iter_bytes(), self._body_limit(get, r)))
 
 
 def read_limits() -> tuple[float, int]:
@@ -814,6 +813,13 @@ def _step(resume: Callable[[Any], Any], value: Any) -> tuple[bool, Any]:
         return False, resume(value)
     except StopIteration as finished:
         return True, finished.value
+
+
+def _resume(steps: _Steps, outcome: _Outcome) -> tuple[bool, Any]:
+    """Hand ``outcome`` to ``steps`` (an error is thrown in): as ``_step``."""
+    if isinstance(outcome, Exception):
+        return _step(steps.throw, outcome)
+    return _step(steps.send, outcome)
 
 
 def _registry_settings(registry: str, config_path: Path | None) -> dict[str, Any]:
@@ -862,11 +868,11 @@ def retry_after(value: str | None) -> float:
     or unreadable, never negative."""
     if not value:
         return 1.0
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
+    seconds = header_number(value)  # delta-seconds: ASCII digits only (not "²")
+    if seconds is not None:
+        return float(seconds)
     try:
-        when = email.utils.parsedate_to_datetime(value)
+        when = email.utils.parsedate_to_datetime(value.strip())
     except (TypeError, ValueError, IndexError):
         return 1.0
     if when.tzinfo is None:
@@ -878,75 +884,15 @@ def _seconds(value: float) -> str:
     return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
 
 
-class _BoundedBody:
-    """A body being read, refusing more than ``limit`` bytes (a manifest is not a
-    gigabyte); with ``truncate``, only its first ``limit`` bytes are kept (enough of an
-    error body to find its code)."""
+def _too_large(what: str, response: httpx.Response, limit: int) -> TooLarge:
+    """The error for an answer's body over ``limit`` bytes (``oci.bodies``)."""
 
-    def __init__(
-        self,
-        response: httpx.Response,
-        limit: int,
-        what: str,
-        truncate: bool,
-        check: Callable[[], object] | None = None,
-    ) -> None:
-        declared = response.headers.get("content-length", "")
-        too_long = declared.isdigit() and (not is_number(declared) or int(declared) > limit)
-        if not truncate and too_long:
-            raise _bad(f"{what}: {declared} bytes is more than the {limit} allowed", response)
-        self._response, self._limit, self._what, self._truncate = response, limit, what, truncate
-        self._check = check
-        self._chunks: list[bytes] = []
-        self._size = 0
+    def error(declared: str | None) -> BadUpstreamResponseError:
+        if declared is not None:
+            return _bad(f"{what}: {declared} bytes is more than the {limit} allowed", response)
+        return _bad(f"{what}: more than the {limit} bytes allowed", response)
 
-    def add(self, chunk: bytes) -> bool:
-        """Take the next chunk; ``True`` when the body is complete (its head was kept)."""
-        if self._check is not None:
-            self._check()  # raises once the reads' deadline passed
-        if self._size + len(chunk) > self._limit:
-            if self._truncate:  # keep the head: a chunk may be larger than the whole limit
-                self._chunks.append(chunk[: self._limit - self._size])
-                return True
-            raise _bad(f"{self._what}: more than the {self._limit} bytes allowed", self._response)
-        self._size += len(chunk)
-        self._chunks.append(chunk)
-        return False
-
-    def value(self) -> bytes:
-        return b"".join(self._chunks)
-
-
-async def _read(
-    response: httpx.Response,
-    limit: int,
-    what: str,
-    *,
-    truncate: bool = False,
-    check: Callable[[], object] | None = None,
-) -> bytes:
-    """A streamed body within ``limit`` (``_BoundedBody``), read on asyncio."""
-    body = _BoundedBody(response, limit, what, truncate, check)
-    async for chunk in response.aiter_bytes():
-        if body.add(chunk):
-            break
-    return body.value()
-
-
-def _read_sync(
-    response: httpx.Response,
-    limit: int,
-    what: str,
-    *,
-    truncate: bool = False,
-    check: Callable[[], object] | None = None,
-) -> bytes:
-    """A streamed body within ``limit`` (``_BoundedBody``), read in this thread."""
-    body = _BoundedBody(response, limit, what, truncate, check)
-    for chunk in response.iter_bytes():
-        if body.add(chunk):
-            break
-    return body.value()
+    return error
 
 
 def _status_error(response: httpx.Response, body: bytes, what: str) -> RegistryError:

@@ -23,7 +23,7 @@ import httpx
 
 from docker_variant import __version__
 from docker_variant.errors import InvalidInputError, UnreachableError
-from docker_variant.numtext import is_number
+from docker_variant.oci.bodies import BodyLimit, read_bounded
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -35,7 +35,7 @@ __all__ = [
     "client_tls",
     "command_tls",
     "default_tls",
-    "read_bounded",
+    "read_response",
     "sync_client",
     "sync_transport",
     "system_tls",
@@ -266,15 +266,16 @@ def async_client(
     )
 
 
-def read_bounded(response: httpx.Response, limit: int, what: str) -> bytes:
+def read_response(response: httpx.Response, limit: int, what: str) -> bytes:
     """The body of a streamed ``response``, refused (``UnreachableError``: the server
     answered garbage) once it passes ``limit`` bytes, so no answer is buffered whole."""
-    declared = response.headers.get("content-length", "").strip()
-    if declared.isdigit() and (not is_number(declared) or int(declared) > limit):
-        raise UnreachableError(f"{what}: an answer of {declared} bytes, over the {limit} allowed")
-    body = bytearray()
-    for chunk in response.iter_bytes():
-        body += chunk
-        if len(body) > limit:
-            raise UnreachableError(f"{what}: an answer over the {limit} bytes allowed")
-    return bytes(body)
+
+    def too_large(declared: str | None) -> UnreachableError:
+        if declared is not None:
+            return UnreachableError(
+                f"{what}: an answer of {declared} bytes, over the {limit} allowed"
+            )
+        return UnreachableError(f"{what}: an answer over the {limit} bytes allowed")
+
+    declared = response.headers.get("content-length")
+    return read_bounded(response.iter_bytes(), BodyLimit(limit, too_large, declared=declared))

@@ -9,7 +9,7 @@ from typing import Any
 
 from docker_variant.errors import InvalidInputError, UnreachableError
 from docker_variant.localcache import read_entry, write_entry
-from docker_variant.oci.client import Manifest, RegistryClient, SyncRegistryClient
+from docker_variant.oci.client import Manifest, Read, RegistryClient, SyncRegistryClient
 from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.errors import NotFoundError, RegistryError
 from docker_variant.oci.imageindex import read_image_index
@@ -35,16 +35,27 @@ def _plain_memo(base_url: str) -> str:
     return f"plain-{hashlib.sha256(base_url.encode()).hexdigest()[:16]}.json"
 
 
+def _read_proxy_index(
+    client: RegistryClient | SyncRegistryClient, repository: str, version: str
+) -> Read[VariantIndex | None]:
+    """The proxy's ``_variants`` document, or ``None`` from a registry without the
+    extension. Such a registry is remembered for ``PLAIN_REGISTRY_TTL`` seconds, so that
+    the next command skips the probe."""
+    memo = _plain_memo(client.base_url)
+    if read_entry(memo, PLAIN_REGISTRY_TTL) is not None:
+        return None
+    index = yield from client.read_variant_index(repository, version, False)
+    if index is None:
+        write_entry(memo, client.base_url)
+    return index
+
+
 async def fetch_index_async(client: RegistryClient, repository: str, version: str) -> VariantIndex:
     """The proxy's ``_variants`` if the registry has the extension, else its variant image
-    index or a scan. A registry found without it is remembered for ``PLAIN_REGISTRY_TTL``
-    seconds, so the next command skips the probe."""
-    memo = _plain_memo(client.base_url)
-    if read_entry(memo, PLAIN_REGISTRY_TTL) is None:
-        index = await client.get_variant_index(repository, version)
-        if index is not None:
-            return index
-        write_entry(memo, client.base_url)
+    index or a scan (``_read_proxy_index``)."""
+    index = await client.run(_read_proxy_index(client, repository, version))
+    if index is not None:
+        return index
     from docker_variant.oci.scan import read_version
 
     return await read_version(client, repository, version)
@@ -85,12 +96,9 @@ def _published_index(
     """The proxy's document, else the variant image index at ``version`` (as
     ``read_version`` reads it); else ``None`` and the manifest at ``version`` if any, for
     the scan."""
-    memo = _plain_memo(client.base_url)
-    if read_entry(memo, PLAIN_REGISTRY_TTL) is None:
-        index = client.get_variant_index(repository, version)
-        if index is not None:
-            return index, None
-        write_entry(memo, client.base_url)
+    index = client.run(_read_proxy_index(client, repository, version))
+    if index is not None:
+        return index, None
     try:
         top = client.fetch_manifest(repository, version)
     except NotFoundError as exc:
@@ -114,13 +122,21 @@ def download_index(
     import httpx
 
     from docker_variant.jsondoc import load_json
-    from docker_variant.numtext import is_number
+    from docker_variant.oci.bodies import BodyLimit, read_bounded
     from docker_variant.oci.http import sync_client
 
     what = f"index {url}"
     started = time.monotonic()
-    chunks: list[bytes] = []
-    size = 0
+
+    def too_large(declared: str | None) -> InvalidInputError:
+        if declared is not None:
+            return InvalidInputError(f"{what}: {declared} bytes is over the {limit} allowed")
+        return InvalidInputError(f"{what}: more than the {limit} bytes allowed")
+
+    def in_time() -> None:
+        if time.monotonic() - started > deadline:
+            raise UnreachableError(f"{what}: not downloaded within {deadline:g} s")
+
     try:
         with (
             sync_client(timeout=min(deadline, 10.0), follow_redirects=True) as http,
@@ -128,16 +144,9 @@ def download_index(
         ):
             if not r.is_success:
                 raise UnreachableError(f"{what}: answered {r.status_code} {r.reason_phrase}")
-            declared = r.headers.get("content-length", "")
-            if declared.isdigit() and (not is_number(declared) or int(declared) > limit):
-                raise InvalidInputError(f"{what}: {declared} bytes is over the {limit} allowed")
-            for chunk in r.iter_bytes():
-                size += len(chunk)
-                if size > limit:
-                    raise InvalidInputError(f"{what}: more than the {limit} bytes allowed")
-                if time.monotonic() - started > deadline:
-                    raise UnreachableError(f"{what}: not downloaded within {deadline:g} s")
-                chunks.append(chunk)
+            declared = r.headers.get("content-length")
+            bound = BodyLimit(limit, too_large, declared=declared, check=in_time)
+            body = read_bounded(r.iter_bytes(), bound)
     except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
         raise InvalidInputError(f"{what}: not a valid URL ({exc})") from None
     except httpx.TimeoutException:
@@ -146,7 +155,7 @@ def download_index(
         raise UnreachableError(f"{what}: {exc or type(exc).__name__}") from None
     except ValueError as exc:  # httpx's URL parser on hosts such as [::1:5699
         raise InvalidInputError(f"{what}: not a valid URL ({exc})") from None
-    return VariantIndex.from_json(load_json(b"".join(chunks), what, max_bytes=limit), what)
+    return VariantIndex.from_json(load_json(body, what, max_bytes=limit), what)
 
 
 def refresh_proxy_index(ref: Reference, version: str, **client_kwargs: Any) -> bool:

@@ -16,7 +16,6 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
-from docker_variant import __version__
 from docker_variant.errors import InvalidInputError
 from docker_variant.proxy.app import (
     DEFAULT_CACHE_TTL,
@@ -26,9 +25,8 @@ from docker_variant.proxy.app import (
 )
 from docker_variant.proxy.limits import ProxyLimits, names, parse_limit
 from docker_variant.proxy.metrics import AccessLines
-from docker_variant.server.limits import ConnectionLimits, limited, uvicorn_limits
-from docker_variant.server.logs import configure_logging
-from docker_variant.server.net import bind_socket, parse_listen
+from docker_variant.server.limits import ConnectionLimits
+from docker_variant.server.net import parse_listen
 from docker_variant.server.options import (
     ServerArgumentParser,
     add_connection_limit_arguments,
@@ -39,6 +37,7 @@ from docker_variant.server.options import (
     add_version_argument,
     tls_options,
 )
+from docker_variant.server.serve import serve, uvicorn_config
 
 __all__ = ["main", "server_config"]
 
@@ -127,15 +126,13 @@ def server_config(
     app: Starlette, log_level: str = "info", limits: ConnectionLimits = LIMITS, **tls: Any
 ) -> uvicorn.Config:
     """How the proxy runs under uvicorn (also used by the tests); ``tls``: ``tls_options``."""
-    return uvicorn.Config(
-        limited(app, limits),
-        log_config=None,  # our JSON logging (see _configure_logging)
-        log_level=log_level,
+    return uvicorn_config(
+        app,
+        log_level,
+        limits,
         access_log=False,  # AccessLog writes one JSON line per request instead
         lifespan="on",
-        server_header=False,
         date_header=False,  # pass the upstream's Date; AccessLog adds ours where none
-        **uvicorn_limits(limits),  # clients pulling layer after layer reuse connections
         **tls,
     )
 
@@ -163,30 +160,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     except InvalidInputError as exc:
         parser.error(str(exc))
-    try:
-        sock = bind_socket(host, port)
-    except (OSError, OverflowError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        parser.error(f"cannot listen on {args.listen}: {reason}")
-
-    configure_logging(args.log_level)
     config = server_config(app, args.log_level, ConnectionLimits.from_args(args), **tls)
-    bound = sock.getsockname()
-    logging.getLogger("docker_variant.proxy").info(
-        "variant-proxy %s on %s:%s for %s, cache %s",
-        __version__,
-        bound[0],
-        bound[1],
-        upstream,
-        "shared (Redis)" if args.cache else "local",
+
+    details = f" for {upstream}, cache {'shared (Redis)' if args.cache else 'local'}"
+    return serve(
+        config,
+        args.listen,
+        (host, port),
+        program="variant-proxy",
+        details=details,
+        error=parser.error,
     )
-    try:
-        uvicorn.Server(config).run(sockets=[sock])
-    except KeyboardInterrupt:
-        pass
-    finally:
-        sock.close()
-    return 0
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from docker_variant.proxy.names import PathError, RouteKind, parse_v2_path
+from docker_variant.server.logs import log_fields
 
 __all__ = [
     "CONTENT_TYPE_LATEST",
@@ -289,7 +290,7 @@ class RequestLog:
                     "duration_ms": round(duration_ms, 2),
                     "bytes": size,
                 }
-                self.log.info("request", extra={"fields": fields})
+                log_fields(self.log, logging.INFO, "request", fields)
 
 
 class AccessLog:

@@ -20,7 +20,6 @@ import os
 import sys
 from collections.abc import Callable
 
-from docker_variant import __version__
 from docker_variant.agent.command import add_agent_command, run_agent_command
 from docker_variant.errors import InvalidInputError, UnreachableError, one_line
 from docker_variant.server.options import (
@@ -183,7 +182,7 @@ def _run_cordon(args: Any, error: Callable[[str], Any]) -> int:
     from docker_variant.agent.client import check_scheduler_url, read_token, scheduler_failure
     from docker_variant.api.names import check_agent_id
     from docker_variant.jsondoc import load_json
-    from docker_variant.oci.http import read_bounded, sync_client
+    from docker_variant.oci.http import read_response, sync_client
 
     try:
         scheduler = check_scheduler_url(args.scheduler)
@@ -197,7 +196,7 @@ def _run_cordon(args: Any, error: Callable[[str], Any]) -> int:
     url = f"{scheduler}/v1/agents/{agent_id}/{args.command}"
     try:
         with sync_client(timeout=30, headers=headers) as http, http.stream("POST", url) as response:
-            data = read_bounded(response, 1 << 20, url)
+            data = read_response(response, 1 << 20, url)
         answer = load_json(data, f"{url} answer") if response.status_code == 200 else None
     except httpx.HTTPError as exc:
         sys.stderr.write(
@@ -253,7 +252,7 @@ def _run_what_if(args: Any, error: Callable[[str], Any]) -> int:
 
     from docker_variant.agent.client import check_scheduler_url, read_token, scheduler_failure
     from docker_variant.jsondoc import load_json, read_json_file
-    from docker_variant.oci.http import read_bounded, sync_client
+    from docker_variant.oci.http import read_response, sync_client
     from docker_variant.scheduler.whatif import parse_what_if
 
     try:
@@ -279,7 +278,7 @@ def _run_what_if(args: Any, error: Callable[[str], Any]) -> int:
             sync_client(timeout=60, headers=headers) as http,
             http.stream("POST", url, json=body) as response,
         ):
-            data = read_bounded(response, _WHAT_IF_ANSWER_LIMIT, url)
+            data = read_response(response, _WHAT_IF_ANSWER_LIMIT, url)
         answer = load_json(data, f"{url} answer") if response.status_code == 200 else None
     except httpx.HTTPError as exc:
         sys.stderr.write(
@@ -333,11 +332,9 @@ def _serve(args: Any, error: Callable[[str], Any]) -> int:
     from docker_variant.extras import SCHEDULER
 
     SCHEDULER.require("variant-scheduler serve")
-    import logging
     import signal
     from pathlib import Path
 
-    import uvicorn
     from sqlalchemy import exc as sa_exc
 
     from docker_variant.oci.reference import check_registry
@@ -345,9 +342,9 @@ def _serve(args: Any, error: Callable[[str], Any]) -> int:
     from docker_variant.scheduler.database import DatabaseUnavailableError
     from docker_variant.scheduler.store import Store
     from docker_variant.scheduler.tokens import TokenFile
-    from docker_variant.server.limits import ConnectionLimits, limited, uvicorn_limits
-    from docker_variant.server.logs import configure_logging
-    from docker_variant.server.net import bind_socket, is_loopback, parse_listen
+    from docker_variant.server.limits import ConnectionLimits
+    from docker_variant.server.net import is_loopback, parse_listen
+    from docker_variant.server.serve import serve, uvicorn_config
 
     try:
         host, port = parse_listen(args.listen)
@@ -375,47 +372,32 @@ def _serve(args: Any, error: Callable[[str], Any]) -> int:
     except (DatabaseUnavailableError, sa_exc.SQLAlchemyError) as exc:
         sys.stderr.write(f"variant-scheduler: error: {one_line(str(exc))}\n")
         return 3
-    try:
-        sock = bind_socket(host, port)
-    except (OSError, OverflowError) as exc:
-        store.close()
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        error(f"cannot listen on {args.listen}: {reason}")
+    app = create_app(store, tokens=tokens, registries=registries, agents=agents)
+    config = uvicorn_config(
+        app, args.log_level, ConnectionLimits.from_args(args), lifespan="off", **tls
+    )
 
-    configure_logging(args.log_level)
-    bound = sock.getsockname()
-    logging.getLogger("docker_variant.scheduler").info(
-        "variant-scheduler %s on %s:%s, database %s, %s, %s",
-        __version__,
-        bound[0],
-        bound[1],
-        store.url,
-        f"{len(tokens)} tokens" if tokens is not None else "no authentication (loopback only)",
+    authentication = (
+        f"{len(tokens)} tokens" if tokens is not None else "no authentication (loopback only)"
+    )
+    transport = (
         "TLS" + (" with client certificates" if "ssl_ca_certs" in tls else "")
         if tls
-        else "plain HTTP",
+        else "plain HTTP"
     )
     if tokens is not None:  # `kill -HUP`: read the tokens again (a change is seen anyway)
         reload_tokens = tokens.reload
         signal.signal(signal.SIGHUP, lambda _signum, _frame: reload_tokens())
-    limits = ConnectionLimits.from_args(args)
-    config = uvicorn.Config(
-        limited(create_app(store, tokens=tokens, registries=registries, agents=agents), limits),
-        log_config=None,
-        log_level=args.log_level,
-        lifespan="off",
-        server_header=False,
-        **uvicorn_limits(limits),
-        **tls,
+    details = f", database {store.url}, {authentication}, {transport}"
+    return serve(
+        config,
+        args.listen,
+        (host, port),
+        program="variant-scheduler",
+        details=details,
+        error=error,
+        close=store.close,
     )
-    try:
-        uvicorn.Server(config).run(sockets=[sock])
-    except KeyboardInterrupt:
-        pass
-    finally:
-        sock.close()
-        store.close()
-    return 0
 
 
 if __name__ == "__main__":
