@@ -20,7 +20,8 @@ from docker_variant.planner.placement import (
     Refusal,
     candidate_key,
 )
-from docker_variant.planner.pool import Device, Node, Pool, ProfileKey, natural_key
+from docker_variant.numtext import natural_key
+from docker_variant.planner.pool import Device, Node, Pool, ProfileKey
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.platform import Platform
 from docker_variant.variant.selection import Candidate, select

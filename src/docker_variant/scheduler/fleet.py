@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from docker_variant import vendors
 from docker_variant.errors import one_line
 from docker_variant.planner.placement import Judge
-from docker_variant.planner.pool import Pool, natural_key
+from docker_variant.numtext import natural_key
+from docker_variant.planner.pool import Pool
 from docker_variant.scheduler.documents import SHARE
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.model import SupportedLists

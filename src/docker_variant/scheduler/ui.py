@@ -40,7 +40,8 @@ from docker_variant.errors import InvalidInputError, one_line
 from docker_variant.jsondoc import load_json
 from docker_variant.oci.errors import RegistryError
 from docker_variant.planner.placement import Judge, candidate_key
-from docker_variant.planner.pool import Pool, natural_key
+from docker_variant.numtext import natural_key
+from docker_variant.planner.pool import Pool
 from docker_variant.scheduler.fleet import best_values, describe, fleet_classes
 from docker_variant.scheduler.store import Store
 from docker_variant.scheduler.tokens import Principal
