@@ -51,7 +51,6 @@ from docker_variant.k8s.cel import (
     MAX_EXPRESSION_BYTES,
     MAX_SELECTORS,
     MAX_VALUES_PER_FEATURE,
-    NVIDIA_DOMAIN,
     feature_selector,
 )
 from docker_variant.variant import NULL_LABEL, Variant, VariantIndex, select
@@ -75,12 +74,16 @@ __all__ = [
 ]
 
 API_VERSION = "resource.k8s.io/v1"
-DEFAULT_DEVICE_CLASS = NVIDIA_DOMAIN
 REQUEST_NAME = "gpu"
 MAX_SUBREQUESTS = 8  # resource.k8s.io FirstAvailableDeviceRequestMaxSize
 MAX_COUNT = 32  # resource.k8s.io AllocationResultsMaxSize: devices per claim
 ANNOTATION_PREFIX = "variant.pep817.dev"
-DEFAULT_VENDOR = vendors.nvidia.NAMESPACE  # whose class ``--device-class`` names
+# The first registered vendor with a DRA driver (NVIDIA's): ``--device-class`` names the
+# class of its subrequests, and a claim no variant asks anything of a device of takes its
+# devices.
+DEFAULT_VENDOR, DEFAULT_DEVICE_CLASS = next(
+    (vendor.namespace, vendor.dra.device_class) for vendor in vendors.registered() if vendor.dra
+)
 
 
 _DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -178,9 +181,10 @@ def _device_selectors(
     namespace = accelerators[0]
     dra = vendors.for_namespace(namespace).dra
     if dra is None:
+        drivers = ", ".join(v.dra.device_class for v in vendors.registered() if v.dra)
         return (
             f"{namespace} properties are not the device attributes of a DRA driver "
-            f"({NVIDIA_DOMAIN}, {vendors.amd.DRA_DOMAIN}) nor CPU properties"
+            f"({drivers}) nor CPU properties"
         )
     selectors: list[str] = []
     for feature, values in variant.properties[namespace].items():

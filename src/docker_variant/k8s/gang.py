@@ -102,10 +102,10 @@ def cluster_objects(documents: Iterable[object]) -> Iterator[Mapping[str, Any]]:
 
 def _vendor_of(driver: str) -> str | None:
     """The namespace whose DRA driver is ``driver`` and whose devices read back to lists."""
-    for namespace in sorted(vendors.ACCELERATOR_NAMESPACES):
-        dra = vendors.for_namespace(namespace).dra
+    for vendor in vendors.registered():
+        dra = vendor.dra
         if dra is not None and dra.device_class == driver and dra.device_lists is not None:
-            return namespace
+            return vendor.namespace
     return None
 
 

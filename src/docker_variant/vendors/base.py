@@ -23,10 +23,19 @@ __all__ = [
     "ValueRule",
     "clauses_in_order",
     "newest_first_natural",
+    "shown",
 ]
 
 #: A value's sort key (greater = newer) or ``None`` when the rule cannot read it.
 OrderKey = Callable[[str, str], "tuple[int, ...] | None"]
+
+
+SHOWN = 40  # characters of one value a device's description shows (its lists show it whole)
+
+
+def shown(value: str) -> str:
+    """``value`` as a description shows it: one line, at most ``SHOWN`` characters."""
+    return one_line(value, SHOWN)
 
 
 def newest_first_natural(values: Iterable[str]) -> list[str]:
