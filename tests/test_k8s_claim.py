@@ -439,7 +439,9 @@ def test_cuda_upper_bound_and_virtual_arch(
 
 
 def test_sm_arch_minor_and_merge() -> None:
-    selector = feature_selector("sm_arch", ["86_real", "89_real", "90_virtual", "90_real"], "nvidia")
+    selector = feature_selector(
+        "sm_arch", ["86_real", "89_real", "90_virtual", "90_real"], "nvidia"
+    )
     assert selector.expression is not None
     # majors newest first; one alternative per major, the lowest minor's
     assert selector.expression.count("major()") == 2

@@ -67,13 +67,13 @@ _PCI_ADDRESS = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]"
 
 def natural_key(value: str) -> NaturalKey:
     """The one natural order (device ids, agent ids, values without a vendor's rule): numbers
-    compared as numbers, ``gpu2`` before ``gpu10``, ``12.8`` before ``12.10``, ``v9`` before
-    ``v10``; a text run sorts before a digit run at the same place (``a1`` before ``1a``, so
-newest first a number comes before a name).
-    A run of digits compares by its length without leading zeros, then its text, so no run,
-    however long, is turned into an int (linear in the text). A PCI address (AMD GPUs',
-    descriptor devices') is hex: it orders as its text, ``0000:03:00.0`` before
-    ``0000:0c:00.0``."""
+        compared as numbers, ``gpu2`` before ``gpu10``, ``12.8`` before ``12.10``, ``v9`` before
+        ``v10``; a text run sorts before a digit run at the same place (``a1`` before ``1a``, so
+    newest first a number comes before a name).
+        A run of digits compares by its length without leading zeros, then its text, so no run,
+        however long, is turned into an int (linear in the text). A PCI address (AMD GPUs',
+        descriptor devices') is hex: it orders as its text, ``0000:03:00.0`` before
+        ``0000:0c:00.0``."""
     if _PCI_ADDRESS.fullmatch(value):
         return ((0, 0, value.lower()),)
     key = []

@@ -19,6 +19,7 @@ from docker_variant.vendors.base import shown
 
 __all__ = ["BestValue", "Description", "FleetClass", "best_values", "describe", "fleet_classes"]
 
+
 @dataclass(frozen=True)
 class Description:
     """What a device's lists say of it, in words: ``product`` and ``driver`` (``-``: nothing)."""

@@ -509,5 +509,7 @@ VENDOR = Vendor(
         label_part,
         bare_label="cuda",  # sm_arch alone: a CUDA build of no known runtime
     ),
-    detector=Detector("docker_variant.providers.nvidia:detect_host", "NVML / nvidia-smi", cached=True),
+    detector=Detector(
+        "docker_variant.providers.nvidia:detect_host", "NVML / nvidia-smi", cached=True
+    ),
 )
