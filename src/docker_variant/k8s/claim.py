@@ -244,21 +244,7 @@ def plan_claim(
         warnings.append(
             "left out " + "; ".join(f"{label} ({why})" for label, why in left_out.items())
         )
-    room = max_subrequests - (1 if anywhere else 0)
-    if len(device) > room:
-        cut = device[room:]
-        device = device[:room]
-        dropped = [label for entry in cut for label in entry.members]
-        for label in dropped:
-            if label is not None:
-                left_out[label] = f"beyond the {max_subrequests} subrequests DRA allows"
-        fallback = (
-            " (the last, selector-free subrequest still takes any device)" if anywhere else ""
-        )
-        warnings.append(
-            f"DRA allows at most {max_subrequests} subrequests: left out the lowest-ranked "
-            f"{_names(dropped)}{fallback}"
-        )
+    device = _within_limit(device, max_subrequests, bool(anywhere), left_out, warnings)
     taken: set[str] = set()
     subrequests = [
         Subrequest(
@@ -290,6 +276,30 @@ def plan_claim(
     for sub in subrequests:
         _check_limits(sub)
     return ClaimPlan(tuple(subrequests), tuple(warnings), left_out, partitions)
+
+
+def _within_limit(
+    device: list[_Entry],
+    max_subrequests: int,
+    anywhere: bool,
+    left_out: dict[str, str],
+    warnings: list[str],
+) -> list[_Entry]:
+    """The device subrequests that fit beside the selector-free one (when ``anywhere``):
+    the lowest-ranked are dropped, with a warning and the reason of each label."""
+    room = max_subrequests - (1 if anywhere else 0)
+    if len(device) <= room:
+        return device
+    dropped = [label for entry in device[room:] for label in entry.members]
+    for label in dropped:
+        if label is not None:
+            left_out[label] = f"beyond the {max_subrequests} subrequests DRA allows"
+    fallback = " (the last, selector-free subrequest still takes any device)" if anywhere else ""
+    warnings.append(
+        f"DRA allows at most {max_subrequests} subrequests: left out the lowest-ranked "
+        f"{_names(dropped)}{fallback}"
+    )
+    return device[:room]
 
 
 def _kind_selectors(vendor: str, partitions: bool) -> tuple[str, ...]:
