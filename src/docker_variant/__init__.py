@@ -8,8 +8,8 @@ The package map, bottom first. Each layer imports only its own layer and those b
   and TOML, sharing ``textdoc``), ``safetext`` (untrusted text made safe to print), ``retry`` (jittered backoff), ``lazy`` (package attributes imported on first use), ``pluginmeta`` (the Docker CLI plugin's metadata),
   ``localcache``, ``openapi`` (the servers' API documents), and the pure wire rules of
   ``oci``: ``oci.grammar``, ``oci.mediatypes``, ``oci.errcode``
-- ``vendors``   one module per accelerator vendor: value grammar and order, what runs where,
-  product names, DRA attributes (NVIDIA, AMD, descriptor namespaces)
+- ``vendors``   one module per vendor, registered once with every hook the layers above ask:
+  value grammar and order, product names, propose/verify on binaries, DRA attributes, detector
 - ``variant``   the model on variantlib: properties, labels, index documents, ordering, selection
 - ``api``       the wire shapes the node agent and the scheduler share (the names a heartbeat carries)
 - ``providers`` what this host and each of its devices supports (CPU plugins, NVML, KFD

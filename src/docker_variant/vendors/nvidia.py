@@ -12,7 +12,10 @@ chosen the way pip/uv choose a variant wheel on the same host:
 
 What code runs where (for checking an image's binaries against its labels): a cubin for
 sm_XY runs on capability X.Z with Z >= Y (same major); PTX for compute_XY is JIT-compiled on
-any capability >= X.Y.
+any capability >= X.Y. So ``propose`` offers ``XY_real`` (or ``X0_virtual``) values every
+ELF with fatbins runs, and the bundled runtime's version as ``cuda_version_lower_bound``;
+``verify`` refuses an ``sm_arch`` value whose least device some fatbin has no code for, and a
+lower bound below the runtime's major (below its minor is a warning).
 
 The NVIDIA DRA driver (``gpu.nvidia.com``) publishes ``cudaDriverVersion`` (e.g. ``12.8.0``)
 and ``cudaComputeCapability`` (e.g. ``9.0.0``) on every GPU: ``dra_clause`` maps one value
