@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from docker_variant.errors import InvalidInputError
+from docker_variant.numtext import natural_key
 from docker_variant.planner.placement import (
     DeviceClass,
     Judge,
@@ -20,7 +21,7 @@ from docker_variant.planner.placement import (
     Refusal,
     candidate_key,
 )
-from docker_variant.planner.pool import Device, Node, Pool, ProfileKey, natural_key
+from docker_variant.planner.pool import Device, Node, Pool, ProfileKey
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.platform import Platform
 from docker_variant.variant.selection import Candidate, select

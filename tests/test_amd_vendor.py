@@ -12,7 +12,7 @@ from docker_variant.vendors import amd, nvidia
 def test_for_namespace_and_builtins() -> None:
     assert vendors.for_namespace("amd") is amd.RULES
     assert vendors.for_namespace("nvidia") is nvidia.RULES
-    assert {"nvidia", "amd", "x86_64", "aarch64"} == vendors.BUILTIN_NAMESPACES
+    assert {"nvidia", "amd", "x86_64", "aarch64"} == vendors.builtin_namespaces()
     furiosa = vendors.for_namespace("furiosa")
     assert not furiosa.builtin and furiosa.dra is None
     furiosa.check_feature_values("arch", ["a", "b"], "x")  # several values: taken as declared

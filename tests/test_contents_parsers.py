@@ -203,7 +203,7 @@ def test_labels_checked_against_libcurand_and_the_runtime(
 
 
 def test_cubin_and_ptx_rules() -> None:
-    from docker_variant.contents.properties import runs_on
+    from docker_variant.vendors.nvidia import runs_on
 
     only_ptx = Finding(FATBIN, "/x.so", ".nv_fatbin", "", cubins=(), ptx=((8, 0),))
     assert runs_on(only_ptx, (8, 0)) and runs_on(only_ptx, (9, 0)) and runs_on(only_ptx, (12, 1))

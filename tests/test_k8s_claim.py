@@ -439,7 +439,9 @@ def test_cuda_upper_bound_and_virtual_arch(
 
 
 def test_sm_arch_minor_and_merge() -> None:
-    selector = feature_selector("sm_arch", ["86_real", "89_real", "90_virtual", "90_real"])
+    selector = feature_selector(
+        "sm_arch", ["86_real", "89_real", "90_virtual", "90_real"], "nvidia"
+    )
     assert selector.expression is not None
     # majors newest first; one alternative per major, the lowest minor's
     assert selector.expression.count("major()") == 2
@@ -454,8 +456,8 @@ def test_sm_arch_minor_and_merge() -> None:
     ]:
         assert matches(selector.expression, nvidia_gpu(product, "R570")) is expected, product
     # values no host ever lists fit no device
-    assert feature_selector("sm_arch", ["91_virtual", "5_real"]).expression is None
-    assert feature_selector("cuda_version_lower_bound", ["12.08"]).expression is None
+    assert feature_selector("sm_arch", ["91_virtual", "5_real"], "nvidia").expression is None
+    assert feature_selector("cuda_version_lower_bound", ["12.08"], "nvidia").expression is None
 
 
 def test_kubernetes_semver_semantics() -> None:

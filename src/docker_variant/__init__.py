@@ -9,8 +9,8 @@ The package map, bottom first. Each layer imports only its own layer and those b
   ``localcache``, ``openapi`` (the servers' API documents), and the pure wire rules of
   ``oci``: ``oci.grammar``, ``oci.mediatypes``, ``oci.errcode``, ``oci.bodies`` (the one
   bounded body reader)
-- ``vendors``   one module per accelerator vendor: value grammar and order, what runs where,
-  product names, DRA attributes (NVIDIA, AMD, descriptor namespaces)
+- ``vendors``   one module per vendor, registered once with every hook the layers above ask:
+  value grammar and order, product names, propose/verify on binaries, DRA attributes, detector
 - ``variant``   the model on variantlib: properties, labels, index documents, ordering, selection
 - ``api``       the wire shapes the node agent and the scheduler share (the names a heartbeat carries)
 - ``providers`` what this host and each of its devices supports (CPU plugins, NVML, KFD

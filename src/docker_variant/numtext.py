@@ -17,8 +17,10 @@ __all__ = [
     "DIGITS",
     "HEADER_NUMBER_CAP",
     "MAX_DIGITS",
+    "NaturalKey",
     "header_number",
     "is_number",
+    "natural_key",
     "parse_number",
     "parse_version",
 ]
@@ -75,3 +77,30 @@ def header_number(value: str | None) -> int | None:
     if len(significant) > len(str(HEADER_NUMBER_CAP)) - 1:
         return HEADER_NUMBER_CAP
     return int(significant or "0")
+
+
+NaturalKey = tuple[tuple[int, int, str], ...]
+_RUNS = re.compile(r"[0-9]+|[^0-9]+")
+# a PCI address (domain:bus:device.function, hex): fixed-width, so its text is its order
+_PCI_ADDRESS = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
+
+
+def natural_key(value: str) -> NaturalKey:
+    """The one natural order (device ids, agent ids, values without a vendor's rule): numbers
+        compared as numbers, ``gpu2`` before ``gpu10``, ``12.8`` before ``12.10``, ``v9`` before
+        ``v10``; a text run sorts before a digit run at the same place (``a1`` before ``1a``, so
+    newest first a number comes before a name).
+        A run of digits compares by its length without leading zeros, then its text, so no run,
+        however long, is turned into an int (linear in the text). A PCI address (AMD GPUs',
+        descriptor devices') is hex: it orders as its text, ``0000:03:00.0`` before
+        ``0000:0c:00.0``."""
+    if _PCI_ADDRESS.fullmatch(value):
+        return ((0, 0, value.lower()),)
+    key = []
+    for run in _RUNS.findall(value):
+        if run[0].isascii() and run[0].isdigit():
+            digits = run.lstrip("0") or "0"
+            key.append((1, len(digits), digits))
+        else:
+            key.append((0, 0, run))
+    return tuple(key)

@@ -37,7 +37,7 @@ from docker_variant.proxy.passthrough import forwarded_headers
 from docker_variant.publish.matrix import parse_matrix
 from docker_variant.tomldoc import load_toml
 from docker_variant.variant.index import VariantIndex
-from docker_variant.vendors import BUILTIN_NAMESPACES
+from docker_variant.vendors import builtin_namespaces
 from docker_variant.vendors.descriptor import parse_descriptor
 
 Target = Callable[[bytes], None]
@@ -165,7 +165,7 @@ def descriptor(data: bytes) -> None:
     depth first), then matched against a host root with one PCI device."""
     with contextlib.suppress(DockerVariantError):
         document = load_toml(data, "fuzz descriptor", max_bytes=MAX_DESCRIPTOR_BYTES)
-        described = parse_descriptor(document, "fuzz descriptor", BUILTIN_NAMESPACES)
+        described = parse_descriptor(document, "fuzz descriptor", builtin_namespaces())
         apply_descriptors([described], _host_root())
 
 

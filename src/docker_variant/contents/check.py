@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
+from docker_variant import vendors
 from docker_variant.contents.properties import Verdict, verify
 from docker_variant.contents.walker import ImageContents, LayerScan
 from docker_variant.errors import InvalidInputError
@@ -24,23 +25,14 @@ if TYPE_CHECKING:
     from docker_variant.oci.reference import Reference
 
 __all__ = [
-    "CHECKED_FEATURES",
     "LabelsUnsupportedError",
     "check_contents",
     "check_local_image",
     "check_registry_entries",
+    "checked_features",
     "needs_check",
 ]
 
-#: The properties whose promises the binaries can confirm or refute.
-CHECKED_FEATURES = frozenset(
-    {
-        ("nvidia", "sm_arch"),
-        ("nvidia", "cuda_version_lower_bound"),
-        ("x86_64", "level"),
-        ("amd", "gfx_arch"),
-    }
-)
 NO_VERIFY_HINT = "--no-verify skips this check"
 
 
@@ -48,13 +40,24 @@ class LabelsUnsupportedError(InvalidInputError):
     """Labels that promise what the image's binaries do not deliver (exit code 2)."""
 
 
+def checked_features() -> frozenset[tuple[str, str]]:
+    """The properties whose promises the binaries can confirm or refute: every vendor's."""
+    return frozenset(
+        (vendor.namespace, feature)
+        for vendor in vendors.registered()
+        if vendor.contents is not None
+        for feature in vendor.contents.checked
+    )
+
+
 def needs_check(labels: Mapping[str, str] | None) -> bool:
     """Whether the labels promise anything the binaries could refute."""
     variant = read_labels(labels).variant
     if variant is None:
         return False
+    checked = checked_features()
     return any(
-        (namespace, feature) in CHECKED_FEATURES
+        (namespace, feature) in checked
         for namespace, features in variant.properties.items()
         for feature in features
     )

@@ -18,6 +18,15 @@ from docker_variant.contents.offload import read_bundles
 from docker_variant.errors import InvalidInputError
 from docker_variant.jsondoc import load_json
 from docker_variant.numtext import DIGITS
+from docker_variant.vendors.evidence import (
+    CUDA_RUNTIME,
+    ELF,
+    FATBIN,
+    OFFLOAD,
+    ROCM_VERSION,
+    X86_ISA,
+)
+from docker_variant.vendors.nvidia import arch_text
 
 __all__ = [
     "AARCH64_FEATURES",
@@ -38,15 +47,9 @@ __all__ = [
     "wants_content",
 ]
 
-# kinds
-ELF = "elf"  # every ELF: its machine (for counts; not shown one by one)
-FATBIN = "fatbin"
-X86_ISA = "x86_isa_needed"
+# kinds: those a vendor reads are named in ``vendors.evidence``
 X86_HWCAPS = "glibc_hwcaps"
 AARCH64_FEATURES = "aarch64_features"
-CUDA_RUNTIME = "cuda_runtime"
-ROCM_VERSION = "rocm_version"
-OFFLOAD = "offload_bundle"
 LIBCUDART = "libcudart"  # a pip wheel's libcudart.so.N: its version is in the dist-info
 DIST_INFO = "dist_info"  # nvidia_cuda_runtime_cuN-X.Y.Z.dist-info
 
@@ -106,10 +109,6 @@ class Finding:
         if self.targets:
             data["targets"] = list(self.targets)
         return data
-
-
-def arch_text(prefix: str, archs: tuple[tuple[int, int], ...]) -> str:
-    return ", ".join(f"{prefix}_{a}{b}" for a, b in archs)
 
 
 def _x86_level(bits: int) -> int:

@@ -1,7 +1,7 @@
 """CEL device selectors for Kubernetes DRA drivers, derived from a variant's properties.
 
-Each vendor module maps its properties onto its DRA driver's device attributes
-(``vendors.<vendor>.RULES.dra``), with the meaning its provider gives them, so that a device
+Each vendor maps its properties onto its DRA driver's device attributes
+(``vendors.Vendor.dra``), with the meaning its provider gives them, so that a device
 passes a variant's selectors exactly when a host with that device and driver would list every
 feature the variant names:
 
@@ -34,12 +34,10 @@ __all__ = [
     "MAX_EXPRESSION_BYTES",
     "MAX_SELECTORS",
     "MAX_VALUES_PER_FEATURE",
-    "NVIDIA_DOMAIN",
     "FeatureSelector",
     "feature_selector",
 ]
 
-NVIDIA_DOMAIN = vendors.nvidia.DRA_DOMAIN
 MAX_VALUES_PER_FEATURE = 8  # each feature's values newest first, at most 8
 MAX_EXPRESSION_BYTES = 10 * 1024  # resource.k8s.io CELSelectorExpressionMaxLength
 MAX_SELECTORS = 32  # resource.k8s.io DeviceSelectorsMaxSize
@@ -54,9 +52,7 @@ class FeatureSelector:
     left_out: tuple[str, ...] = ()  # values beyond the MAX_VALUES_PER_FEATURE newest
 
 
-def feature_selector(
-    feature: str, values: Sequence[str], namespace: str = "nvidia"
-) -> FeatureSelector:
+def feature_selector(feature: str, values: Sequence[str], namespace: str) -> FeatureSelector:
     """``has(attribute) && (value1 || value2 ...)``, newest first, at most 8 alternatives."""
     dra = vendors.for_namespace(namespace).dra
     guard = None if dra is None else dra.guard(feature)

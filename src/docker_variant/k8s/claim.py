@@ -51,7 +51,6 @@ from docker_variant.k8s.cel import (
     MAX_EXPRESSION_BYTES,
     MAX_SELECTORS,
     MAX_VALUES_PER_FEATURE,
-    NVIDIA_DOMAIN,
     feature_selector,
 )
 from docker_variant.variant import NULL_LABEL, Variant, VariantIndex, select
@@ -75,12 +74,16 @@ __all__ = [
 ]
 
 API_VERSION = "resource.k8s.io/v1"
-DEFAULT_DEVICE_CLASS = NVIDIA_DOMAIN
 REQUEST_NAME = "gpu"
 MAX_SUBREQUESTS = 8  # resource.k8s.io FirstAvailableDeviceRequestMaxSize
 MAX_COUNT = 32  # resource.k8s.io AllocationResultsMaxSize: devices per claim
 ANNOTATION_PREFIX = "variant.pep817.dev"
-DEFAULT_VENDOR = vendors.nvidia.NAMESPACE  # whose class ``--device-class`` names
+# The first registered vendor with a DRA driver (NVIDIA's): ``--device-class`` names the
+# class of its subrequests, and a claim no variant asks anything of a device of takes its
+# devices.
+DEFAULT_VENDOR, DEFAULT_DEVICE_CLASS = next(
+    (vendor.namespace, vendor.dra.device_class) for vendor in vendors.registered() if vendor.dra
+)
 
 
 _DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -178,9 +181,10 @@ def _device_selectors(
     namespace = accelerators[0]
     dra = vendors.for_namespace(namespace).dra
     if dra is None:
+        drivers = ", ".join(v.dra.device_class for v in vendors.registered() if v.dra)
         return (
             f"{namespace} properties are not the device attributes of a DRA driver "
-            f"({NVIDIA_DOMAIN}, {vendors.amd.DRA_DOMAIN}) nor CPU properties"
+            f"({drivers}) nor CPU properties"
         )
     selectors: list[str] = []
     for feature, values in variant.properties[namespace].items():
@@ -240,21 +244,7 @@ def plan_claim(
         warnings.append(
             "left out " + "; ".join(f"{label} ({why})" for label, why in left_out.items())
         )
-    room = max_subrequests - (1 if anywhere else 0)
-    if len(device) > room:
-        cut = device[room:]
-        device = device[:room]
-        dropped = [label for entry in cut for label in entry.members]
-        for label in dropped:
-            if label is not None:
-                left_out[label] = f"beyond the {max_subrequests} subrequests DRA allows"
-        fallback = (
-            " (the last, selector-free subrequest still takes any device)" if anywhere else ""
-        )
-        warnings.append(
-            f"DRA allows at most {max_subrequests} subrequests: left out the lowest-ranked "
-            f"{_names(dropped)}{fallback}"
-        )
+    device = _within_limit(device, max_subrequests, bool(anywhere), left_out, warnings)
     taken: set[str] = set()
     subrequests = [
         Subrequest(
@@ -286,6 +276,30 @@ def plan_claim(
     for sub in subrequests:
         _check_limits(sub)
     return ClaimPlan(tuple(subrequests), tuple(warnings), left_out, partitions)
+
+
+def _within_limit(
+    device: list[_Entry],
+    max_subrequests: int,
+    anywhere: bool,
+    left_out: dict[str, str],
+    warnings: list[str],
+) -> list[_Entry]:
+    """The device subrequests that fit beside the selector-free one (when ``anywhere``):
+    the lowest-ranked are dropped, with a warning and the reason of each label."""
+    room = max_subrequests - (1 if anywhere else 0)
+    if len(device) <= room:
+        return device
+    dropped = [label for entry in device[room:] for label in entry.members]
+    for label in dropped:
+        if label is not None:
+            left_out[label] = f"beyond the {max_subrequests} subrequests DRA allows"
+    fallback = " (the last, selector-free subrequest still takes any device)" if anywhere else ""
+    warnings.append(
+        f"DRA allows at most {max_subrequests} subrequests: left out the lowest-ranked "
+        f"{_names(dropped)}{fallback}"
+    )
+    return device[:room]
 
 
 def _kind_selectors(vendor: str, partitions: bool) -> tuple[str, ...]:

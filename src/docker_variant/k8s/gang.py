@@ -50,7 +50,7 @@ from docker_variant.planner.placement import (
     plan,
 )
 from docker_variant.planner.pool import AgentReport, Node, Pool, build_pool
-from docker_variant.variant import VariantIndex
+from docker_variant.variant import Variant, VariantIndex
 from docker_variant.variant.model import SupportedLists
 
 __all__ = [
@@ -102,10 +102,10 @@ def cluster_objects(documents: Iterable[object]) -> Iterator[Mapping[str, Any]]:
 
 def _vendor_of(driver: str) -> str | None:
     """The namespace whose DRA driver is ``driver`` and whose devices read back to lists."""
-    for namespace in sorted(vendors.ACCELERATOR_NAMESPACES):
-        dra = vendors.for_namespace(namespace).dra
+    for vendor in vendors.registered():
+        dra = vendor.dra
         if dra is not None and dra.device_class == driver and dra.device_lists is not None:
-            return namespace
+            return vendor.namespace
     return None
 
 
@@ -356,6 +356,20 @@ def gang_objects(
         "metadata": {"name": name, "annotations": annotations},
         "spec": {"metadata": {"annotations": dict(annotations)}, "spec": {"devices": devices}},
     }
+    workload, pod_group = _gang_scheduling(name, pods)
+    variant = index.variants.get(candidate.label) if candidate.label is not None else None
+    chosen = {
+        f"{ANNOTATION_PREFIX}/variant": label,
+        f"{ANNOTATION_PREFIX}/image": image,
+    }
+    if gang.product:
+        chosen[f"{ANNOTATION_PREFIX}/product"] = gang.product
+    job = _job(name, pods, image, chosen, _affinity(name, variant))
+    return [template, workload, pod_group, job]
+
+
+def _gang_scheduling(name: str, pods: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Workload and PodGroup that schedule the Job's ``pods`` pods all or none."""
     gang_policy = {"gang": {"minCount": pods}}
     workload = {
         "apiVersion": WORKLOAD_API,
@@ -375,7 +389,11 @@ def gang_objects(
             "schedulingPolicy": gang_policy,
         },
     }
-    variant = index.variants.get(candidate.label) if candidate.label is not None else None
+    return workload, pod_group
+
+
+def _affinity(name: str, variant: Variant | None) -> dict[str, Any]:
+    """One pod a node; nodes whose CPU runs the variant's CPU properties."""
     cpu = {
         ns: features
         for ns, features in (variant.properties if variant is not None else {}).items()
@@ -391,13 +409,14 @@ def gang_objects(
     }
     if (selector := node_affinity(cpu)) is not None:
         affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": selector}
-    chosen = {
-        f"{ANNOTATION_PREFIX}/variant": label,
-        f"{ANNOTATION_PREFIX}/image": image,
-    }
-    if gang.product:
-        chosen[f"{ANNOTATION_PREFIX}/product"] = gang.product
-    job = {
+    return affinity
+
+
+def _job(
+    name: str, pods: int, image: str, chosen: dict[str, str], affinity: dict[str, Any]
+) -> dict[str, Any]:
+    """The Indexed Job of ``pods`` pods running ``image``, each with a claim of the gang's."""
+    return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name, "annotations": dict(chosen)},
@@ -423,4 +442,3 @@ def gang_objects(
             },
         },
     }
-    return [template, workload, pod_group, job]

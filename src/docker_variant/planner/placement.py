@@ -54,17 +54,16 @@ from itertools import chain, islice, repeat
 from typing import Any, Protocol
 
 from docker_variant.errors import InvalidInputError
+from docker_variant.numtext import NaturalKey, natural_key
 from docker_variant.planner.kept import Kept
 from docker_variant.planner.pool import (
     SHARE,
     Device,
-    NaturalKey,
     Node,
     Pool,
     ProfileKey,
     Rooms,
     Signature,
-    natural_key,
 )
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.model import SupportedLists

@@ -16,7 +16,6 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-import re
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -29,7 +28,6 @@ __all__ = [
     "AgentReport",
     "Device",
     "DeviceKey",
-    "NaturalKey",
     "Node",
     "Pool",
     "ProfileKey",
@@ -37,7 +35,6 @@ __all__ = [
     "Signature",
     "build_pool",
     "device_in_use",
-    "natural_key",
     "pool_shares",
     "profile_key",
     "room_left",
@@ -464,29 +461,3 @@ def pool_shares(pool: Pool) -> Shares:
                     if not d.free:
                         stranded += d.room
     return Shares(capacity, free, stranded)
-
-
-NaturalKey = tuple[tuple[int, int, str], ...]
-_RUNS = re.compile(r"[0-9]+|[^0-9]+")
-
-
-# a PCI address (domain:bus:device.function, hex): fixed-width, so its text is its order
-_PCI_ADDRESS = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
-
-
-def natural_key(value: str) -> NaturalKey:
-    """Numbers compared as numbers: ``gpu2`` before ``gpu10``, ``12.8`` before ``12.10``.
-    A run of digits compares by its length without leading zeros, then its text, so no run,
-    however long, is turned into an int (linear in the text, and never a 500). A PCI
-    address (AMD GPUs', descriptor devices') is hex: it orders as its text, ``0000:03:00.0``
-    before ``0000:0c:00.0``."""
-    if _PCI_ADDRESS.fullmatch(value):
-        return ((1, 0, value.lower()),)
-    key = []
-    for run in _RUNS.findall(value):
-        if run[0].isascii() and run[0].isdigit():
-            digits = run.lstrip("0") or "0"
-            key.append((0, len(digits), digits))
-        else:
-            key.append((1, 0, run))
-    return tuple(key)

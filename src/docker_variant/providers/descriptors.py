@@ -74,7 +74,7 @@ def descriptor_dirs(
 
 def _read_one(path: Path) -> Descriptor:
     data = read_toml_file(path, f"descriptor {path}", max_bytes=MAX_DESCRIPTOR_BYTES)
-    return parse_descriptor(data, str(path), vendors.BUILTIN_NAMESPACES)
+    return parse_descriptor(data, str(path), vendors.builtin_namespaces())
 
 
 def read_descriptors(dirs: Sequence[Path]) -> list[Descriptor]:

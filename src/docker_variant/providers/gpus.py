@@ -6,8 +6,9 @@ list together): ``all``; a count ``N`` (the first N devices); ``device=0,2`` or
 ``capabilities=...``, ``driver=...`` and ``options=...`` are accepted and ignored (they do
 not change what runs).
 
-Devices are numbered as the host lists them: NVIDIA GPUs in NVML order, then AMD GPUs in
-KFD node order, then descriptor namespaces' devices by PCI address. ``choose_devices`` gives
+Devices are numbered as the host lists them: the vendors' devices in the registry's order
+(``vendors.registered()``: NVIDIA GPUs in NVML order, then AMD GPUs in KFD node order), then
+descriptor namespaces' devices by PCI address. ``choose_devices`` gives
 what choosing means (no ``--gpus`` is ``all``, as a container given every GPU): the lists to
 rank by (the host's CPU lists, and per accelerator namespace the chosen devices' lists
 merged, first seen first) and each chosen device's own lists, so that selection admits a
@@ -114,7 +115,8 @@ Numbered = tuple[int, str, SupportedLists]  # index, device id, the device's lis
 
 def _numbered(report: HostReport) -> list[Numbered]:
     """(index, device id, lists) of every accelerator device, in the documented order."""
-    order = ["nvidia", "amd", *sorted(k for k in report.devices if k not in ("nvidia", "amd"))]
+    known = [vendor.namespace for vendor in vendors.registered() if vendor.device]
+    order = [*known, *sorted(kind for kind in report.devices if kind not in known)]
     found = [
         (device_id, lists)
         for kind in order

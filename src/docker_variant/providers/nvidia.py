@@ -17,6 +17,7 @@ from typing import Any
 
 from docker_variant.errors import InvalidInputError
 from docker_variant.numtext import DIGITS, is_number
+from docker_variant.providers.hostroot import HostRoot
 from docker_variant.vendors import nvidia as rules
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "cuda_lower_bounds",
     "cuda_upper_bounds",
     "detect",
+    "detect_host",
     "nvidia_features",
     "read_nvidia_smi",
     "read_nvml",
@@ -267,3 +269,9 @@ def detect(
     host = nvidia_features(cuda, top_cc)
     devices = {gpu.uuid: {"nvidia": nvidia_features(cuda, cc_of(gpu))} for gpu in gpus}
     return NvidiaReport(host, devices)
+
+
+def detect_host(root: HostRoot, env: Mapping[str, str]) -> NvidiaReport:
+    """The vendor's detector (``vendors.nvidia.VENDOR``): NVML reads no file under the host
+    root."""
+    return detect(env)

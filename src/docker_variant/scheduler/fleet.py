@@ -1,24 +1,23 @@
 """The fleet in words and counts: what a device's lists say of it (its product and driver,
-from the vendor modules ``vendors.nvidia`` and ``vendors.amd``; a descriptor's namespace by
-its own values) and the live devices grouped into classes. The fleet view (``ui.py``) shows
-them; the metrics (``metrics.py``) count them."""
+from its vendor's ``describe`` hook; a descriptor's namespace by its own values) and the
+live devices grouped into classes. The fleet view (``ui.py``) shows them; the metrics
+(``metrics.py``) count them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from docker_variant import vendors
-from docker_variant.errors import one_line
+from docker_variant.numtext import natural_key
 from docker_variant.planner.placement import Judge
-from docker_variant.planner.pool import Pool, natural_key
+from docker_variant.planner.pool import Pool
 from docker_variant.scheduler.documents import SHARE
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.model import SupportedLists
+from docker_variant.vendors.base import shown
 
 __all__ = ["BestValue", "Description", "FleetClass", "best_values", "describe", "fleet_classes"]
-
-_SHOWN = 40  # characters of one value shown in a title (the lists show it whole)
 
 
 @dataclass(frozen=True)
@@ -32,65 +31,31 @@ class Description:
         return [text for text in (self.product, self.driver) if text != "-"]
 
 
-def _shown(value: str) -> str:
-    return one_line(value, _SHOWN)
-
-
-def _nvidia(features: Mapping[str, list[str]]) -> Description:
-    """``sm 9.0 (H100, H200, GH200)`` and ``CUDA 12.8 (R570)``."""
-    product = "-"
-    cc = vendors.nvidia.capability_of(dict(features))
-    if cc is not None:
-        known = vendors.nvidia.product_name(cc)
-        product = f"sm {cc[0]}.{cc[1]}" + (f" ({known})" if known else "")
-    elif real := [v for v in features.get("sm_arch", []) if v.endswith("_real")]:
-        product = _shown(real[0])  # a value the vendor's rule cannot read: shown as it is
-    driver = "-"
-    if lower := features.get("cuda_version_lower_bound", []):
-        cuda = vendors.nvidia.cuda_value(lower[0])
-        branch = vendors.nvidia.driver_branch(cuda[:2]) if cuda is not None else None
-        driver = f"CUDA {_shown(lower[0])}" + (f" ({branch})" if branch else "")
-    return Description(product, driver)
-
-
-def _amd(features: Mapping[str, list[str]]) -> Description:
-    """``gfx942 (Instinct MI300A, Instinct MI300X, ...)`` and ``ROCm 6.4``."""
-    product = "-"
-    if gfx := vendors.amd.gfx_of(dict(features)):
-        known = vendors.amd.product_name(gfx) if vendors.amd.gfx_value(gfx) else None
-        product = _shown(gfx) + (f" ({known})" if known else "")
-    rocm = features.get("rocm_version", [])
-    return Description(product, f"ROCm {_shown(rocm[0])}" if rocm else "-")
-
-
 def _described(namespace: str, features: Mapping[str, list[str]]) -> Description:
-    """A namespace without a vendor module (a device descriptor's, a plugin's): its first
+    """A namespace without a vendor (a device descriptor's, a plugin's): its first
     feature's best value names the product, a feature about the driver the driver."""
     driver_features = [f for f in features if "driver" in f and features[f]]
     others = [f for f in features if f not in driver_features and features[f]]
-    product = f"{namespace} {_shown(features[others[0]][0])}" if others else namespace
+    product = f"{namespace} {shown(features[others[0]][0])}" if others else namespace
     driver = "-"
     if driver_features:
         feature = driver_features[0]
-        driver = f"{feature.replace('_', ' ')} {_shown(features[feature][0])}"
+        driver = f"{feature.replace('_', ' ')} {shown(features[feature][0])}"
     return Description(product, driver)
-
-
-_VENDORS: Mapping[str, Callable[[Mapping[str, list[str]]], Description]] = {
-    vendors.nvidia.NAMESPACE: _nvidia,
-    vendors.amd.NAMESPACE: _amd,
-}
 
 
 def describe(lists: SupportedLists) -> Description:
     """What the lists say of the accelerator they describe (a heartbeat carries lists, not
-    product names): the first accelerator namespace's words, NVIDIA and AMD by their vendor
-    modules, any other namespace but a CPU's by its own values."""
+    product names): the first accelerator namespace's words, a vendor's by its ``describe``
+    hook, any other namespace but a CPU's by its own values."""
     for namespace, features in lists.items():
-        if namespace in vendors.CPU_NAMESPACES or not features:
+        vendor = vendors.vendor_of(namespace)
+        if not features or (vendor is not None and not vendor.device):
             continue
-        vendor = _VENDORS.get(namespace)
-        return vendor(features) if vendor else _described(namespace, features)
+        if vendor is None or vendor.describe is None:
+            return _described(namespace, features)
+        said = vendor.describe(features)
+        return Description(said.product or "-", said.driver or "-")
     return Description()
 
 

@@ -4,8 +4,8 @@ It shows the fleet by device class, the placements and their state and, for an i
 reference or an index document typed in, which variant each device class would run and why
 the others do not fit. The matrix is ``placement.Judge``'s: the same device classes and the
 same ``select`` as a placement, so the page cannot disagree with ``POST /v1/placements``.
-What a device class is (its product and driver) comes from the vendor modules
-(``vendors.nvidia``, ``vendors.amd``; a descriptor's namespace shows its own values).
+What a device class is (its product and driver) comes from its vendor's ``describe`` hook
+(``fleet.describe``; a descriptor's namespace shows its own values).
 
 Authentication is the API's: the same token table and roles (``client`` or ``admin``; a
 client sees its own placements). Browsers cannot be told to send a bearer token, so the
@@ -44,9 +44,10 @@ from starlette.templating import Jinja2Templates
 from docker_variant.api.names import check_agent_id
 from docker_variant.errors import InvalidInputError, one_line
 from docker_variant.jsondoc import load_json
+from docker_variant.numtext import natural_key
 from docker_variant.oci.errors import RegistryError
 from docker_variant.planner.placement import Judge, candidate_key
-from docker_variant.planner.pool import Pool, natural_key
+from docker_variant.planner.pool import Pool
 from docker_variant.scheduler.fleet import best_values, describe, fleet_classes
 from docker_variant.scheduler.store import Store
 from docker_variant.scheduler.tokens import Principal

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from docker_variant.planner.pool import ProfileKey, natural_key, room_left
+from docker_variant.numtext import natural_key
+from docker_variant.planner.pool import ProfileKey, room_left
 from docker_variant.scheduler.documents import SHARE
 from docker_variant.scheduler.rows import HOST_ROW, iso, usage_of
 from docker_variant.variant.model import SupportedLists

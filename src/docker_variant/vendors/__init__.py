@@ -1,18 +1,21 @@
 """Vendor semantics in one home: what each accelerator's properties mean.
 
-Every layer (the variant model, the providers, image inspection, Kubernetes claims, the
-scheduler's views) asks the namespace's module, never a table of its own:
+Each vendor module builds one ``Vendor`` (``vendors.vendor``): its namespace's rules and every
+hook the layers above ask of it (describe, the label part, propose and verify for the
+contents checks, the DRA mapping, the detector). ``register`` adds it to the one registry;
+every other package loops over the registry and never names a vendor:
 
 - ``vendors.nvidia``: CUDA bounds and ``sm_arch``; compute capability -> products; the
   ``gpu.nvidia.com`` DRA attributes;
 - ``vendors.amd``: gfx targets and ROCm releases; PCI device IDs -> targets and products;
   AMD's ROCm/driver compatibility; the ``gpu.amd.com`` DRA attributes;
-- ``vendors.cpu``: ``x86_64`` and ``aarch64``;
+- ``vendors.cpu``: ``x86_64`` and ``aarch64`` (they describe the node, not a device);
 - any other namespace (a descriptor's, a third-party plugin's) gets ``generic_rules``: its
   features are taken as declared, values order naturally, nothing maps to DRA.
 
-``for_namespace(ns)`` is the one lookup; ``describe(ns, lists)`` says what a device's lists
-mean in products (for tables and ``/ui``). Adding a vendor is adding one module here.
+``for_namespace(ns)`` is the rules' one lookup, ``vendor_of(ns)`` the vendor's;
+``describe(ns, lists)`` says what a device's lists mean in products. Adding a vendor is
+adding one module here and one ``register`` line below.
 """
 
 from __future__ import annotations
@@ -20,42 +23,79 @@ from __future__ import annotations
 from functools import cache
 
 from docker_variant.vendors import amd, cpu, nvidia
-from docker_variant.vendors.base import (
-    DraMapping,
-    NamespaceRules,
-    ValueRule,
-    natural_key,
-)
+from docker_variant.vendors.base import DraMapping, NamespaceRules, ValueRule
+from docker_variant.vendors.vendor import ContentsRules, Described, Detector, Vendor
 
 __all__ = [
-    "ACCELERATOR_NAMESPACES",
-    "BUILTIN_NAMESPACES",
     "CPU_NAMESPACES",
+    "ContentsRules",
+    "Described",
+    "Detector",
     "DraMapping",
     "NamespaceRules",
     "ValueRule",
+    "Vendor",
+    "accelerator_namespaces",
     "amd",
+    "builtin_namespaces",
     "cpu",
     "describe",
     "for_namespace",
     "generic_rules",
     "is_builtin",
-    "natural_key",
     "newest_first",
     "nvidia",
+    "register",
+    "registered",
+    "unregister",
+    "vendor_of",
 ]
 
-_BUILTIN: dict[str, NamespaceRules] = {
-    rules.namespace: rules for rules in (nvidia.RULES, amd.RULES, cpu.X86_64, cpu.AARCH64)
-}
-BUILTIN_NAMESPACES = frozenset(_BUILTIN)
+_VENDORS: dict[str, Vendor] = {}
+
+
+def register(vendor: Vendor) -> Vendor:
+    """Add ``vendor`` to the registry (after those registered before it: accelerators are
+    numbered in this order); a namespace is registered once."""
+    if vendor.namespace in _VENDORS:
+        raise ValueError(f"vendor {vendor.namespace!r} is registered already")
+    _VENDORS[vendor.namespace] = vendor
+    return vendor
+
+
+def unregister(namespace: str) -> None:
+    """Take a vendor out of the registry (a test's own vendor)."""
+    _VENDORS.pop(namespace, None)
+
+
+for _vendor in (nvidia.VENDOR, amd.VENDOR, cpu.X86_64_VENDOR, cpu.AARCH64_VENDOR):
+    register(_vendor)
+
 CPU_NAMESPACES = cpu.CPU_NAMESPACES
-ACCELERATOR_NAMESPACES = BUILTIN_NAMESPACES - CPU_NAMESPACES
+
+
+def registered() -> tuple[Vendor, ...]:
+    """Every vendor, in registration order."""
+    return tuple(_VENDORS.values())
+
+
+def vendor_of(namespace: str) -> Vendor | None:
+    return _VENDORS.get(namespace)
+
+
+def builtin_namespaces() -> frozenset[str]:
+    """The namespaces a vendor answers for (descriptors may not claim them)."""
+    return frozenset(_VENDORS)
+
+
+def accelerator_namespaces() -> frozenset[str]:
+    """The vendors' namespaces that describe devices (every one but a CPU's)."""
+    return frozenset(ns for ns, vendor in _VENDORS.items() if vendor.device)
 
 
 def is_builtin(namespace: str) -> bool:
-    """Whether a built-in provider answers for ``namespace`` (descriptors may not claim it)."""
-    return namespace in _BUILTIN
+    """Whether a vendor answers for ``namespace`` (descriptors may not claim it)."""
+    return namespace in _VENDORS
 
 
 @cache
@@ -65,8 +105,9 @@ def generic_rules(namespace: str) -> NamespaceRules:
 
 
 def for_namespace(namespace: str) -> NamespaceRules:
-    """The rules of ``namespace``: its vendor module's, else ``generic_rules``."""
-    return _BUILTIN.get(namespace) or generic_rules(namespace)
+    """The rules of ``namespace``: its vendor's, else ``generic_rules``."""
+    vendor = _VENDORS.get(namespace)
+    return vendor.rules if vendor is not None else generic_rules(namespace)
 
 
 def newest_first(namespace: str, feature: str, values: list[str] | tuple[str, ...]) -> list[str]:
@@ -75,11 +116,10 @@ def newest_first(namespace: str, feature: str, values: list[str] | tuple[str, ..
 
 
 def describe(namespace: str, lists: dict[str, list[str]]) -> str | None:
-    """A device's lists in a vendor's words (``sm 9.0 (H100, H200, GH200)``, ``gfx942
+    """A device's product in its vendor's words (``sm 9.0 (H100, H200, GH200)``, ``gfx942
     (Instinct MI300A, ...)``); for other namespaces the first value of each feature."""
-    if namespace == nvidia.NAMESPACE:
-        return nvidia.describe(lists)
-    if namespace == amd.NAMESPACE:
-        return amd.describe(lists)
+    vendor = _VENDORS.get(namespace)
+    if vendor is not None and vendor.describe is not None:
+        return vendor.describe(lists).product
     firsts = [f"{feature} {values[0]}" for feature, values in lists.items() if values]
     return ", ".join(firsts) or None

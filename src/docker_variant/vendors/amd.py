@@ -37,7 +37,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from docker_variant.numtext import DIGITS
-from docker_variant.vendors.base import DraMapping, NamespaceRules, ValueRule, clauses_in_order
+from docker_variant.vendors.base import (
+    DraMapping,
+    NamespaceRules,
+    ValueRule,
+    clauses_in_order,
+    shown,
+)
+from docker_variant.vendors.evidence import OFFLOAD, ROCM_VERSION, ImageEvidence, Proposed, Verdict
+from docker_variant.vendors.vendor import ContentsRules, Described, Detector, Vendor
 
 __all__ = [
     "DEVICES",
@@ -54,6 +62,7 @@ __all__ = [
     "PCI_VENDOR",
     "ROCM_SUPPORT",
     "RULES",
+    "VENDOR",
     "AmdDevice",
     "describe",
     "device_ids",
@@ -66,10 +75,12 @@ __all__ = [
     "gfx_value",
     "newest_first",
     "product_name",
+    "propose",
     "releases_for",
     "rocm_releases",
     "rocm_value",
     "target_of_device",
+    "verify",
 ]
 
 NAMESPACE = "amd"
@@ -257,19 +268,58 @@ def device_product(device_id: int) -> str | None:
     return None if device is None else device.product
 
 
-def gfx_of(lists: dict[str, list[str]]) -> str | None:
+def gfx_of(lists: Mapping[str, Sequence[str]]) -> str | None:
     """The first gfx target an ``amd`` list names (a device's own target)."""
     targets = lists.get("gfx_arch", [])
     return targets[0] if targets else None
 
 
-def describe(lists: dict[str, list[str]]) -> str | None:
-    """What a device's ``amd`` lists say of it: ``gfx942 (Instinct MI300A, MI300X, ...)``."""
-    gfx = gfx_of(lists)
-    if gfx is None:
-        return None
-    known = product_name(gfx)
-    return gfx + (f" ({known})" if known else "")
+def describe(lists: Mapping[str, Sequence[str]]) -> Described:
+    """What a device's ``amd`` lists say of it: ``gfx942 (Instinct MI300A, MI300X, ...)``
+    and ``ROCm 6.4``."""
+    product = None
+    if gfx := gfx_of(lists):
+        known = product_name(gfx) if gfx_value(gfx) else None
+        product = shown(gfx) + (f" ({known})" if known else "")
+    rocm = lists.get("rocm_version", ())
+    return Described(product, f"ROCm {shown(rocm[0])}" if rocm else None)
+
+
+# --------------------------------------------------------------------------- binaries
+
+
+def propose(evidence: ImageEvidence) -> Proposed:
+    """``gfx_arch``: the targets every offload bundle has (a code object runs only on its
+    own target); ``rocm_version``: the bundled ROCm's ``major.minor``."""
+    sets = [set(f.targets) for f in evidence.of_kind(OFFLOAD) if f.targets]
+    values = [("gfx_arch", target) for target in sorted(set.intersection(*sets))] if sets else []
+    rocm = [f for f in evidence.of_kind(ROCM_VERSION) if len(f.version) >= 2]
+    if rocm:
+        best = max(rocm, key=lambda f: f.version[:2])
+        values.append(("rocm_version", f"{best.version[0]}.{best.version[1]}"))
+    return Proposed(tuple(values))
+
+
+def verify(
+    evidence: ImageEvidence, features: Mapping[str, Sequence[str]], verdict: Verdict
+) -> None:
+    """A ``gfx_arch`` label naming a target some offload bundle lacks is refused."""
+    bundles = [f for f in evidence.of_kind(OFFLOAD) if f.targets]
+    for value in features.get("gfx_arch", ()):
+        if not bundles or gfx_value(value) is None:
+            continue
+        verdict.checked.append(f"amd :: gfx_arch :: {value}")
+        for bundle in bundles:
+            if value not in bundle.targets:
+                verdict.errors.append(
+                    f"amd :: gfx_arch :: {value}: {bundle.path} ({bundle.section}) has code "
+                    f"objects for {', '.join(bundle.targets)} only"
+                )
+
+
+def label_part(feature: str, value: str) -> str | None:
+    """``rocm62`` for ROCm 6.2."""
+    return "rocm" + value.replace(".", "") if feature == "rocm_version" else None
 
 
 # --------------------------------------------------------------------------- DRA
@@ -396,4 +446,11 @@ RULES = NamespaceRules(
         device_lists=dra_device_lists,
     ),
     provider=("amd-variant-provider", None),  # wheelnext's (not on PyPI yet)
+)
+
+VENDOR = Vendor(
+    RULES,
+    describe=describe,
+    contents=ContentsRules(frozenset({"gfx_arch"}), propose, verify, label_part),
+    detector=Detector("docker_variant.providers.amd:detect", "KFD sysfs under {root}"),
 )

@@ -2,9 +2,8 @@
 
 A ``NamespaceRules`` answers the questions every layer asks of a namespace: which features
 it has (and in which order its provider lists them), which may carry several values, what a
-value must look like, and how values order newest first. ``natural_key`` is the order of
-namespaces without rules of their own; it compares digit runs by their digits, never
-turning them into ints, so a 5,000-digit value orders like any other.
+value must look like, and how values order newest first. Values a namespace has no rule
+for order by the package's one natural order, ``numtext.natural_key``.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from docker_variant.errors import InvalidInputError, one_line
+from docker_variant.numtext import natural_key
 
 __all__ = [
     "DraMapping",
@@ -22,29 +22,20 @@ __all__ = [
     "OrderKey",
     "ValueRule",
     "clauses_in_order",
-    "natural_key",
     "newest_first_natural",
+    "shown",
 ]
 
 #: A value's sort key (greater = newer) or ``None`` when the rule cannot read it.
 OrderKey = Callable[[str, str], "tuple[int, ...] | None"]
 
-_RUNS = re.compile(r"([0-9]+)")
+
+SHOWN = 40  # characters of one value a device's description shows (its lists show it whole)
 
 
-def natural_key(value: str) -> tuple[tuple[int, int, str], ...]:
-    """``v10`` after ``v9``, ``8.10a`` after ``8.4a``: digit runs compare by value (length
-    without leading zeros, then digits), text runs as text, digits after text."""
-    key: list[tuple[int, int, str]] = []
-    for part in _RUNS.split(value):
-        if not part:
-            continue
-        if part.isdigit():
-            digits = part.lstrip("0") or "0"
-            key.append((1, len(digits), digits))
-        else:
-            key.append((0, 0, part))
-    return tuple(key)
+def shown(value: str) -> str:
+    """``value`` as a description shows it: one line, at most ``SHOWN`` characters."""
+    return one_line(value, SHOWN)
 
 
 def newest_first_natural(values: Iterable[str]) -> list[str]:

@@ -12,7 +12,10 @@ chosen the way pip/uv choose a variant wheel on the same host:
 
 What code runs where (for checking an image's binaries against its labels): a cubin for
 sm_XY runs on capability X.Z with Z >= Y (same major); PTX for compute_XY is JIT-compiled on
-any capability >= X.Y.
+any capability >= X.Y. So ``propose`` offers ``XY_real`` (or ``X0_virtual``) values every
+ELF with fatbins runs, and the bundled runtime's version as ``cuda_version_lower_bound``;
+``verify`` refuses an ``sm_arch`` value whose least device some fatbin has no code for, and a
+lower bound below the runtime's major (below its minor is a warning).
 
 The NVIDIA DRA driver (``gpu.nvidia.com``) publishes ``cudaDriverVersion`` (e.g. ``12.8.0``)
 and ``cudaComputeCapability`` (e.g. ``9.0.0``) on every GPU: ``dra_clause`` maps one value
@@ -30,7 +33,22 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 
 from docker_variant.numtext import DIGITS
-from docker_variant.vendors.base import DraMapping, NamespaceRules, ValueRule, clauses_in_order
+from docker_variant.vendors.base import (
+    DraMapping,
+    NamespaceRules,
+    ValueRule,
+    clauses_in_order,
+    shown,
+)
+from docker_variant.vendors.evidence import (
+    CUDA_RUNTIME,
+    FATBIN,
+    Evidence,
+    ImageEvidence,
+    Proposed,
+    Verdict,
+)
+from docker_variant.vendors.vendor import ContentsRules, Described, Detector, Vendor
 
 __all__ = [
     "DRA_DOMAIN",
@@ -38,7 +56,9 @@ __all__ = [
     "HOMOGENEOUS_ATTRIBUTE",
     "NAMESPACE",
     "RULES",
+    "VENDOR",
     "Arch",
+    "arch_text",
     "capability_of",
     "cubin_runs_on",
     "cuda_lower_bounds",
@@ -53,10 +73,13 @@ __all__ = [
     "least_device",
     "newest_first",
     "product_name",
+    "propose",
     "ptx_runs_on",
+    "runs_on",
     "sm_arch_value",
     "sm_arch_values",
     "supported_features",
+    "verify",
 ]
 
 NAMESPACE = "nvidia"
@@ -222,7 +245,7 @@ def driver_branch(cuda: tuple[int, int]) -> str | None:
     return _BRANCHES.get(cuda)
 
 
-def capability_of(lists: dict[str, list[str]]) -> Arch | None:
+def capability_of(lists: Mapping[str, Sequence[str]]) -> Arch | None:
     """The compute capability a device's (or host's) ``nvidia`` lists describe."""
     for value in lists.get("sm_arch", ()):
         sm = sm_arch_value(value)
@@ -231,13 +254,22 @@ def capability_of(lists: dict[str, list[str]]) -> Arch | None:
     return None
 
 
-def describe(lists: dict[str, list[str]]) -> str | None:
-    """What a device's ``nvidia`` lists say of it: ``sm 9.0 (H100, H200, GH200)``."""
+def describe(lists: Mapping[str, Sequence[str]]) -> Described:
+    """What a device's ``nvidia`` lists say of it: ``sm 9.0 (H100, H200, GH200)`` and
+    ``CUDA 12.8 (R570)``; an ``sm_arch`` value the rule cannot read is shown as it is."""
+    product = None
     cc = capability_of(lists)
-    if cc is None:
-        return None
-    known = product_name(cc)
-    return f"sm {cc[0]}.{cc[1]}" + (f" ({known})" if known else "")
+    if cc is not None:
+        known = product_name(cc)
+        product = f"sm {cc[0]}.{cc[1]}" + (f" ({known})" if known else "")
+    elif real := [v for v in lists.get("sm_arch", ()) if v.endswith("_real")]:
+        product = shown(real[0])
+    driver = None
+    if lower := lists.get("cuda_version_lower_bound", ()):
+        cuda = cuda_value(lower[0])
+        branch = driver_branch(cuda[:2]) if cuda is not None else None
+        driver = f"CUDA {shown(lower[0])}" + (f" ({branch})" if branch else "")
+    return Described(product, driver)
 
 
 # --------------------------------------------------------------------------- DRA
@@ -339,6 +371,121 @@ def dra_device_lists(attributes: Mapping[str, str]) -> dict[str, list[str]] | No
     return supported_features(cuda, cc)
 
 
+# --------------------------------------------------------------------------- binaries
+
+
+def arch_text(prefix: str, archs: tuple[Arch, ...]) -> str:
+    """``sm_80, sm_90`` (``prefix`` ``sm``: cubins; ``compute``: PTX)."""
+    return ", ".join(f"{prefix}_{a}{b}" for a, b in archs)
+
+
+def runs_on(fatbin: Evidence, device: Arch) -> bool:
+    """Whether the ELF's fatbins have code that a device of capability ``device`` runs."""
+    if any(cubin_runs_on(cubin, device) for cubin in fatbin.cubins):
+        return True
+    return any(ptx_runs_on(ptx, device) for ptx in fatbin.ptx)
+
+
+def _sm_values(fatbins: Sequence[Evidence]) -> list[str]:
+    """``XY_real`` for each cubin ``sm_XY``, ``X0_virtual`` for PTX ``compute_X0`` and
+    ``XY_real`` for PTX ``compute_XY`` with Y > 0 (no host lists ``XY_virtual`` for Y > 0),
+    each kept only where every fatbin ELF runs; PTX reaching newer majors is not proposed:
+    the provider lists only a host's own major."""
+    candidates: dict[str, Arch] = {}
+    for fatbin in fatbins:
+        for a, b in fatbin.cubins:
+            candidates[f"{a}{b}_real"] = (a, b)
+        for a, b in fatbin.ptx:
+            candidates[f"{a}{b}_virtual" if b == 0 else f"{a}{b}_real"] = (a, b)
+    kept = [
+        (arch, value)
+        for value, arch in candidates.items()
+        if all(runs_on(f, arch) for f in fatbins)
+    ]
+    # newest first; for one capability ``_real`` before ``_virtual``, as the provider lists them
+    kept.sort(key=lambda item: (item[0], item[1].endswith("_real")), reverse=True)
+    return [value for _, value in kept]
+
+
+def _runtime(evidence: ImageEvidence) -> Evidence | None:
+    runtimes = [f for f in evidence.of_kind(CUDA_RUNTIME) if len(f.version) >= 2]
+    return max(runtimes, key=lambda f: f.version[:2], default=None)
+
+
+def propose(evidence: ImageEvidence) -> Proposed:
+    """The bundled runtime's ``major.minor`` as ``cuda_version_lower_bound``; the
+    ``sm_arch`` values every ELF with fatbins runs on."""
+    values: list[tuple[str, str]] = []
+    runtime = _runtime(evidence)
+    if runtime is not None:
+        values.append(("cuda_version_lower_bound", f"{runtime.version[0]}.{runtime.version[1]}"))
+    fatbins = evidence.of_kind(FATBIN)
+    sm_values = _sm_values(fatbins)
+    values.extend(("sm_arch", value) for value in sm_values)
+    notes = ("no GPU architecture is common to every ELF with fatbins",)
+    return Proposed(tuple(values), notes if fatbins and not sm_values else ())
+
+
+def _verify_sm(evidence: ImageEvidence, values: Sequence[str], verdict: Verdict) -> None:
+    """An ``sm_arch`` value promises the least capable device whose host lists it."""
+    fatbins = evidence.of_kind(FATBIN)
+    for value in values:
+        device = least_device(value)
+        if device is None or not fatbins:
+            continue
+        verdict.checked.append(f"nvidia :: sm_arch :: {value}")
+        for fatbin in fatbins:
+            if not runs_on(fatbin, device):
+                verdict.errors.append(
+                    f"nvidia :: sm_arch :: {value} promises capability {device[0]}.{device[1]}, "
+                    f"but {fatbin.path} ({fatbin.section}) has cubin "
+                    f"{arch_text('sm', fatbin.cubins) or '(none)'} and PTX "
+                    f"{arch_text('compute', fatbin.ptx) or '(none)'}: no cubin sm_{device[0]}Y "
+                    f"with Y <= {device[1]} nor PTX at or below compute_{device[0]}{device[1]}"
+                )
+
+
+def _verify_cuda(evidence: ImageEvidence, values: Sequence[str], verdict: Verdict) -> None:
+    """A lower bound below the runtime's major is refused (a 12.x runtime never runs on an
+    11.x driver); below its minor it is a warning (CUDA minor-version compatibility)."""
+    runtime = _runtime(evidence)
+    for value in values:
+        bound = cuda_value(value)
+        if bound is None or runtime is None:
+            continue
+        verdict.checked.append(f"nvidia :: cuda_version_lower_bound :: {value}")
+        major, minor = runtime.version[:2]
+        have = ".".join(map(str, runtime.version))
+        evidence_text = f"{runtime.path} ({runtime.section}: {have})"
+        if bound[0] < major:
+            verdict.errors.append(
+                f"nvidia :: cuda_version_lower_bound :: {value} admits CUDA {bound[0]}.x drivers, "
+                f"but the image bundles the CUDA {major}.{minor} runtime, {evidence_text}, "
+                f"which needs a driver of major {major}"
+            )
+        elif bound[0] == major and bound[1] < minor:
+            verdict.warnings.append(
+                f"nvidia :: cuda_version_lower_bound :: {value} is below the bundled CUDA "
+                f"{major}.{minor} runtime ({evidence_text}): it relies on "
+                "CUDA minor-version compatibility, which runs the runtime on an older driver of "
+                "the same major, but not features that need a newer driver, and the older "
+                "driver cannot JIT PTX newer than itself"
+            )
+
+
+def verify(
+    evidence: ImageEvidence, features: Mapping[str, Sequence[str]], verdict: Verdict
+) -> None:
+    """Whether the ``nvidia`` labels promise only what the fatbins and the runtime deliver."""
+    _verify_sm(evidence, features.get("sm_arch", ()), verdict)
+    _verify_cuda(evidence, features.get("cuda_version_lower_bound", ()), verdict)
+
+
+def label_part(feature: str, value: str) -> str | None:
+    """``cu128`` for a CUDA lower bound of 12.8."""
+    return "cu" + value.replace(".", "") if feature == "cuda_version_lower_bound" else None
+
+
 RULES = NamespaceRules(
     NAMESPACE,
     FEATURES,
@@ -353,4 +500,19 @@ RULES = NamespaceRules(
         DRA_DOMAIN, HOMOGENEOUS_ATTRIBUTE, dra_guard, dra_clauses, device_lists=dra_device_lists
     ),
     provider=("nvidia-variant-provider", None),  # wheelnext's; its plugin API by name
+)
+
+VENDOR = Vendor(
+    RULES,
+    describe=describe,
+    contents=ContentsRules(
+        frozenset({"sm_arch", "cuda_version_lower_bound"}),
+        propose,
+        verify,
+        label_part,
+        bare_label="cuda",  # sm_arch alone: a CUDA build of no known runtime
+    ),
+    detector=Detector(
+        "docker_variant.providers.nvidia:detect_host", "NVML / nvidia-smi", cached=True
+    ),
 )
