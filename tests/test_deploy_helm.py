@@ -66,6 +66,8 @@ VALUE_SETS = {
     "no-node-labels": ("agent.nodeLabels.enabled=false",),
     "mutual-tls": ("scheduler.clientCA.secret=variant-scheduler-client-ca",
                    "agent.clientCertSecret=variant-agent-client"),
+    "static-agent-tokens": ("agent.auth=tokens",),
+    "static-agent-tokens-no-labels": ("agent.auth=tokens", "agent.nodeLabels.enabled=false"),
 }  # fmt: skip
 
 
@@ -194,12 +196,21 @@ def test_the_agent_labels_its_own_node_as_its_service_account() -> None:
         "policyName": POLICY, "validationActions": ["Deny"]}  # fmt: skip
 
 
-def test_without_node_labels_the_agent_has_no_kubernetes_identity() -> None:
+def test_without_node_labels_the_agent_has_no_access_to_the_apiserver() -> None:
+    """Without node labels the agent's ServiceAccount only names it to the scheduler: no
+    apiserver token in its pods, no role; with static tokens too, it has none at all."""
     objects = _by_key(_template(*VALUE_SETS["no-node-labels"]))
     pod = objects[("DaemonSet", "variant-agent")]["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["serviceAccountName"] == "variant-agent"
     assert "--label-node" not in pod["containers"][0]["args"]
-    kinds = {kind for kind, _name in objects}
+    agent_roles = {n for k, n in objects if k in ("ClusterRole", "ClusterRoleBinding")}
+    assert not {n for n in agent_roles if n.startswith("variant-agent")}
+    assert "ValidatingAdmissionPolicy" not in {kind for kind, _name in objects}
+    static = _by_key(_template(*VALUE_SETS["static-agent-tokens-no-labels"]))
+    pod = static[("DaemonSet", "variant-agent")]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    kinds = {kind for kind, _name in static}
     assert not kinds & {"ServiceAccount", "ClusterRole", "ValidatingAdmissionPolicy"}
 
 
@@ -425,3 +436,101 @@ def test_the_agents_trust_the_schedulers_ca_and_mutual_tls_is_end_to_end() -> No
     for option in ("--client-cert", "--client-key"):
         volume = _mounted(agent_pod, agent, given[option])
         assert volume["secret"]["secretName"] == "variant-agent-client"
+
+
+# --------------------------------------------------------------------------- agent identity
+def _agent_pod(objects: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
+    pod: dict[str, Any] = objects[("DaemonSet", "variant-agent")]["spec"]["template"]["spec"]
+    return pod
+
+
+def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in pod["containers"] if c["name"] == name)
+
+
+@pytest.mark.parametrize("values", sorted(VALUE_SETS))
+def test_no_agent_pod_mounts_a_secret_of_node_tokens(values: str) -> None:
+    """Under every option the agents' pods mount no Secret but the client certificate
+    (mutual TLS): no pod can read another node's token."""
+    objects = _by_key(_template(*VALUE_SETS[values]))
+    if ("DaemonSet", "variant-agent") not in objects:
+        return
+    pod = _agent_pod(objects)
+    secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    secrets |= {
+        source["secret"]["name"]
+        for v in pod["volumes"]
+        for source in v.get("projected", {}).get("sources", [])
+        if "secret" in source
+    }
+    assert secrets <= {"variant-agent-client"}, secrets
+    agent = _container(pod, "variant-agent")
+    token = _mounted(pod, agent, _args(agent)["--token-file"])
+    assert "secret" not in token and token["name"] == "agent-token"
+    for container in pod["containers"]:  # the containerd-hosts keeper has no token
+        if container is not agent:
+            assert "agent-token" not in {m["name"] for m in container["volumeMounts"]}
+
+
+def test_agents_prove_themselves_with_a_projected_token_the_scheduler_reviews() -> None:
+    """By default (agent.auth kubernetes) the agent's --token-file is its pod's projected
+    ServiceAccount token of the scheduler's audience; the scheduler runs with --agent-auth
+    kubernetes naming that ServiceAccount, as its own ServiceAccount, which may create
+    TokenReviews and nothing else."""
+    from docker_variant.scheduler.kubeauth import AUDIENCE
+
+    objects = _by_key(_template())
+    pod = _agent_pod(objects)
+    agent = _container(pod, "variant-agent")
+    token_file = _args(agent)["--token-file"]
+    (source,) = _mounted(pod, agent, token_file)["projected"]["sources"]
+    projected = source["serviceAccountToken"]
+    assert projected["audience"] == AUDIENCE
+    assert 600 <= projected["expirationSeconds"] <= 86400  # the kubelet's bounds, a day at most
+    assert token_file.endswith("/" + projected["path"])
+
+    scheduler = objects[("Deployment", "variant-scheduler")]["spec"]["template"]["spec"]
+    given = _args(scheduler["containers"][0])
+    assert given["--agent-auth"] == "kubernetes"
+    assert given["--agent-service-account"] == f"docker-variant/{pod['serviceAccountName']}"
+    assert ("ServiceAccount", pod["serviceAccountName"]) in objects
+    assert scheduler["serviceAccountName"] == "variant-scheduler"
+    assert scheduler["automountServiceAccountToken"] is True  # the apiserver's client
+    assert ("ServiceAccount", "variant-scheduler") in objects
+    (binding,) = [
+        b for k, b in objects.items()
+        if k[0] == "ClusterRoleBinding" and b["subjects"][0]["name"] == "variant-scheduler"
+    ]  # fmt: skip
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "variant-scheduler", "namespace": "docker-variant"}
+    ]
+    role = objects[("ClusterRole", binding["roleRef"]["name"])]
+    assert role["rules"] == [
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
+         "verbs": ["create"]}
+    ]  # fmt: skip
+
+
+def test_static_agent_tokens_come_from_each_nodes_own_disk() -> None:
+    """agent.auth tokens keeps tokens.toml's agent tokens: each pod reads its own node's
+    from a host directory, and the scheduler has neither --agent-auth kubernetes nor any
+    Kubernetes identity."""
+    objects = _by_key(_template(*VALUE_SETS["static-agent-tokens"], "agent.tokenHostDir=/srv/t"))
+    pod = _agent_pod(objects)
+    agent = _container(pod, "variant-agent")
+    token_file = _args(agent)["--token-file"]
+    volume = _mounted(pod, agent, token_file)
+    assert volume["hostPath"] == {"path": "/srv/t", "type": "Directory"}
+    assert token_file.endswith("/token")
+    scheduler = objects[("Deployment", "variant-scheduler")]["spec"]["template"]["spec"]
+    assert "--agent-auth" not in _args(scheduler["containers"][0])
+    assert scheduler["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in scheduler
+    assert ("ServiceAccount", "variant-scheduler") not in objects
+
+
+def test_an_unknown_agent_auth_is_refused_by_name() -> None:
+    argv = [_tool("helm"), "template", "x", str(CHART), "--set", "agent.auth=secret"]
+    result = subprocess.run(argv, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "agent.auth" in result.stderr and '"secret"' in result.stderr, result.stderr

@@ -13,7 +13,7 @@ import httpx
 
 import devstack
 import kubeplane
-from docker_variant.scheduler.kubeauth import AUDIENCE
+from docker_variant.scheduler.kubeauth import AUDIENCE, NODE_NAME_EXTRA
 from test_scheduler_support import H200_R570, agent_body
 
 CLIENT_TOKENS = '[[token]]\nrole = "client"\nname = "ci"\ntoken = "client-token-0123456789"\n'
@@ -105,3 +105,87 @@ def test_an_agent_reports_for_its_pods_node_only(
         assert token not in service.log_tail(100_000)
     finally:
         service.stop()
+
+
+KUBERNETES_BASE = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
+RBAC_COLLECTIONS = {
+    "ServiceAccount": "/api/v1/namespaces/docker-variant/serviceaccounts",
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+}
+
+
+def _apply_identities(client: httpx.Client) -> list[str]:
+    """The chart's ServiceAccounts and RBAC (the base's rendering), created with strict field
+    validation where absent (another test may have made the agent's); the URLs it made."""
+    import yaml
+
+    if client.get("/api/v1/namespaces/docker-variant").status_code == 404:
+        kubeplane.create(
+            client,
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "docker-variant"}},
+        )
+    made = []
+    for name in ("agent-rbac.yaml", "scheduler-rbac.yaml"):
+        for document in yaml.safe_load_all((KUBERNETES_BASE / name).read_text()):
+            collection = RBAC_COLLECTIONS[document["kind"]]
+            answer = client.post(collection, json=document, params={"fieldValidation": "Strict"})
+            assert answer.status_code in (201, 409), answer.text
+            if answer.status_code == 201:
+                made.append(f"{collection}/{document['metadata']['name']}")
+    return made
+
+
+def _review_as(kube: Any, account: str, token: str) -> httpx.Response:
+    """A TokenReview of ``token`` created as the ServiceAccount ``account`` of the chart's
+    namespace (impersonated by the admin)."""
+    review = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenReview",
+        "spec": {"token": token, "audiences": [AUDIENCE]},
+    }
+    with kube.client() as client:
+        client.headers["Impersonate-User"] = f"system:serviceaccount:docker-variant:{account}"
+        client.headers["Impersonate-Group"] = "system:serviceaccounts"
+        return client.post("/apis/authentication.k8s.io/v1/tokenreviews", json=review)
+
+
+def test_the_charts_scheduler_account_may_review_the_charts_agents_tokens(
+    kube: Any, kube_api: httpx.Client
+) -> None:
+    """deploy/kubernetes/ (the chart's defaults) on the real apiserver: the scheduler's
+    ServiceAccount may create TokenReviews, and reviews a token of the agents' ServiceAccount
+    bound to a pod on node-a as that Node's; the agents' ServiceAccount may not review."""
+    made = _apply_identities(kube_api)
+    try:
+        kubeplane.make_ready(
+            kube_api, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}
+        )
+        pod = kubeplane.create(
+            kube_api,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "chart-agent-a"},
+                "spec": {
+                    "serviceAccountName": "variant-agent",
+                    "automountServiceAccountToken": False,
+                    "nodeName": "node-a",
+                    "containers": [{"name": "agent", "image": "variant-agent"}],
+                },
+            },
+            "docker-variant",
+        )
+        token = _minted(kube_api, "docker-variant", pod, AUDIENCE)
+        reviewed = _review_as(kube, "variant-scheduler", token)
+        assert reviewed.status_code == 201, reviewed.text
+        status = reviewed.json()["status"]
+        assert status["authenticated"] is True
+        assert status["user"]["username"] == "system:serviceaccount:docker-variant:variant-agent"
+        assert status["user"]["extra"][NODE_NAME_EXTRA] == ["node-a"]
+        refused = _review_as(kube, "variant-agent", token)
+        assert refused.status_code == 403, refused.text
+    finally:
+        kubeplane.delete_all(kube_api, "Pod", "docker-variant")
+        for url in made:
+            kube_api.delete(url)

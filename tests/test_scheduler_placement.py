@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from docker_variant.agent.health import NVML_KIND
 from docker_variant.errors import InvalidInputError
 from docker_variant.k8s.claim import virtual_host
 from docker_variant.planner.placement import BARE, Judge, Plan, Refusal, plan
@@ -160,8 +161,14 @@ def test_a_device_kind_is_never_guessed() -> None:
         with pytest.raises(InvalidInputError, match=rf"^device_name: the {chosen} names no"):
             plan(index, pool_of({"n": npu}), 1, 2)
     agents = {"h200": agent_body(H200_R570), "a100": agent_body(A100_R535)}
-    with pytest.raises(InvalidInputError, match="'v3' names no accelerator namespace"):
+    for body in agents.values():  # as agents report NVIDIA GPUs
+        body["devices"] = {NVML_KIND: body["devices"].pop("cuda")}
+    with pytest.raises(InvalidInputError, match="'v3' names no accelerator namespace") as hint:
         plan(index_of(), pool_of(agents), 2, 4)  # only the CPU build fits both
+    # the hint offers the device name the agents report, and following it places
+    assert f'device name the agents report: "{NVML_KIND}")' in str(hint.value)
+    assert "nvidia.com" not in str(hint.value)
+    assert placed(plan(index_of(), pool_of(agents), 2, 4, device_name=NVML_KIND))
     assert placed(plan(index_of(), pool_of(agents), 2, 0)).candidate.label == "v3"
 
 

@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 
 import devstack
 from conftest import RunningRegistry
+from docker_variant.agent.health import NVML_KIND
 from docker_variant.planner.placement import Plan, plan
 from docker_variant.planner.pool import Pool, build_pool
 from docker_variant.scheduler import Store
@@ -660,6 +661,9 @@ def test_cli_asks_a_running_scheduler_with_the_example_files(
         # the same answer as the API's, and checked by placing for real
         body = json.loads(request.read_text())
         listed = json.loads(templates.read_text())["templates"]
+        # the example speaks the agents' vocabulary: the device name NVIDIA GPUs report under
+        assert {name for t in listed for name in t["devices"]} == {NVML_KIND}
+        assert body["device_name"] == NVML_KIND
         assert ask_as(api, "alice", body, listed) == answer
         # REQUEST "-": read from stdin
         stdin = io.TextIOWrapper(io.BytesIO(request.read_bytes()))

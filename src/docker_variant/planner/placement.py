@@ -480,8 +480,8 @@ def plan(
     if found is None:
         return Refusal(search.reasons(index))
     if devices_per_node > 0 and device_name is None:
-        _check_device_kind(found.candidate, devices_per_node)
         names = sorted({str(a.device_name) for a in found.allocations})
+        _check_device_kind(found.candidate, devices_per_node, names)
         if len(names) > 1:  # one device kind a gang: the best plan of one name alone
             return _one_device_name(
                 names, index, pool, nodes, devices_per_node, shares, only, judge
@@ -558,18 +558,20 @@ def merged_reasons(outcomes: Mapping[str, Plan | Refusal], what: str) -> dict[st
     }
 
 
-def _check_device_kind(candidate: Candidate, devices_per_node: int) -> None:
+def _check_device_kind(candidate: Candidate, devices_per_node: int, names: Sequence[str]) -> None:
     """Devices are taken by the accelerator namespace the chosen variant names; one that
     names none (a CPU variant, ``null``, the bare image) says no device kind, and the
-    scheduler does not guess one."""
+    scheduler does not guess one. ``names``: the device names (as the agents report them,
+    ``nvidia``, ``amd``) the plan took, which the hint offers."""
     variant = candidate.variant
     if variant is not None and any(ns not in CPU_NAMESPACES for ns in variant.namespaces):
         return
     chosen = f"variant {candidate.label!r}" if candidate.label is not None else "bare image"
+    reported = ", ".join(f'"{name}"' for name in names)
     raise InvalidInputError(
         f"device_name: the {chosen} names no accelerator namespace, so devices_per_node "
         f"{devices_per_node} does not say which devices to take; name them with device_name "
-        "(e.g. nvidia.com/gpu) or ask devices_per_node 0"
+        f"(a device name the agents report: {reported}) or ask devices_per_node 0"
     )
 
 

@@ -18,3 +18,10 @@ app.kubernetes.io/part-of: docker-variant
 - --keep-alive={{ .keepAlive }}
 - --max-connections={{ int .maxConnections }}
 {{- end -}}
+
+{{/* agent.auth, checked: how agents prove themselves to the scheduler (--agent-auth). */}}
+{{- define "docker-variant.agentAuth" -}}
+{{- if not (has .Values.agent.auth (list "kubernetes" "tokens")) }}
+{{- fail (printf "agent.auth: %q is neither kubernetes nor tokens" (toString .Values.agent.auth)) }}
+{{- end }}
+{{- end -}}
