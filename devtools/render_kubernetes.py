@@ -1,8 +1,9 @@
 """Render deploy/kubernetes/, the kustomize base, from the Helm chart's defaults.
 
 The chart (deploy/helm/docker-variant) is the one source of the Kubernetes objects; the base
-is what ``helm template`` makes of it with its defaults (and the Namespace, which Helm users
-create with ``--create-namespace``), one file per template. ``--check`` changes nothing and
+is what ``helm template`` makes of it with its defaults and the example site values below
+(the chart requires them: an overlay replaces them), and the Namespace, which Helm users
+create with ``--create-namespace``, one file per template. ``--check`` changes nothing and
 exits 1 naming each file that differs, which the tests run.
 
     python devtools/render_kubernetes.py [--check]
@@ -25,6 +26,14 @@ HEADER = (
     "# Rendered from the Helm chart deploy/helm/docker-variant with its defaults by\n"
     "# devtools/render_kubernetes.py: edit the chart, then run that again.\n"
 )
+#: what the chart requires of a site, as examples an overlay replaces: the registry (which
+#: also holds the images) and the proxy's address as the nodes resolve it
+SITE = (
+    "image.registry=registry.example.internal:5000",
+    "proxy.upstream=http://registry.example.internal:5000",
+    "scheduler.registries={registry.example.internal:5000}",
+    "agent.containerdHosts.server=https://variant-proxy.example.internal:5080",
+)
 KUSTOMIZATION = "kustomization.yaml"
 # Helm orders documents by kind for installing; a file reads better as its template wrote it,
 # the ConfigMap and the workload (with the file's comment) first.
@@ -41,9 +50,10 @@ def tool(name: str) -> str:
 
 
 def helm_template(*values: str) -> str:
-    """``helm template`` of the chart in the namespace, with ``--set`` VALUES."""
+    """``helm template`` of the chart in the namespace, with the example site values and
+    ``--set`` VALUES (which may replace them)."""
     argv = [tool("helm"), "template", "docker-variant", str(CHART), "--namespace", NAMESPACE]
-    for value in values:
+    for value in (*SITE, *values):
         argv += ["--set", value]
     result = subprocess.run(argv, capture_output=True, text=True, check=True)
     return result.stdout

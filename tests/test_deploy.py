@@ -108,7 +108,7 @@ def test_images_are_this_version() -> None:
     for name, pod in _workloads():
         for container in _containers(pod):
             image = container["image"]
-            if image.startswith("docker-variant/"):
+            if "/docker-variant/variant-" in image:
                 assert image.endswith(f":{__version__}"), (name, image)
 
 
@@ -261,24 +261,38 @@ def test_every_option_the_units_pass_exists() -> None:
         assert not _given(argv) - known, unit
 
 
+def _install(*argv: str, env: dict[str, str] | None = None) -> str:
+    result = subprocess.run(
+        [str(DEPLOY / "systemd/install"), "--no-reload", *argv],
+        check=True, capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    return result.stdout
+
+
 def test_units_installed_by_the_install_step_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     """deploy/systemd/install writes each unit with ExecStart in the venv it installs to
-    (this venv here: it has docker-variant, so nothing is installed); the written units
-    pass ``systemd-analyze verify`` with no warning about them."""
+    (this venv here: it has docker-variant and every extra, so nothing is installed), and
+    each unit's environment file from its example, root's alone; the written units pass
+    ``systemd-analyze verify`` with no warning about them."""
     units, etc = tmp_path / "units", tmp_path / "etc"
-    subprocess.run(
-        [str(DEPLOY / "systemd/install"), "--venv", str(BIN.parent), "--unit-dir", str(units),
-         "--etc", str(etc), "--no-reload", *(unit.stem for unit in UNITS)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
+    out = _install("--venv", str(BIN.parent), "--unit-dir", str(units), "--etc", str(etc),
+                   *(unit.stem for unit in UNITS))  # fmt: skip
+    assert "into" not in out  # no pip
     assert sorted(p.name for p in units.iterdir()) == sorted(unit.name for unit in UNITS)
-    assert {p.name: oct(p.stat().st_mode & 0o777) for p in etc.iterdir()} == {
-        "variant-proxy": "0o700", "variant-scheduler": "0o700"}  # fmt: skip
+    modes = {str(p.relative_to(etc)): oct(p.stat().st_mode & 0o777) for p in etc.rglob("*")}
+    assert modes == {
+        "variant-proxy": "0o700", "variant-scheduler": "0o700",
+        "variant-proxy/variant-proxy.env": "0o600",
+        "variant-scheduler/variant-scheduler.env": "0o600",
+        "variant-scheduler/variant-scheduler-agent.env": "0o600",
+    }  # fmt: skip
     for unit in UNITS:
         installed = units / unit.name
         assert installed.read_text() == unit.read_text().replace(
             "/opt/docker-variant/.venv/bin/", f"{BIN}/"
         )
+        (env,) = etc.glob(f"*/{unit.stem}.env")
+        assert env.read_text() == unit.with_suffix(".env").read_text()
         result = subprocess.run(
             ["systemd-analyze", "verify", "--man=no", str(installed)],
             capture_output=True, text=True,
@@ -287,6 +301,84 @@ def test_units_installed_by_the_install_step_pass_systemd_analyze_verify(tmp_pat
             line for line in (result.stdout + result.stderr).splitlines() if unit.name in line
         ]
         assert result.returncode == 0 and not output, (unit.name, result.stdout + result.stderr)
+
+
+def test_an_environment_file_is_written_once(tmp_path: Path) -> None:
+    """A site's values survive installing again (an upgrade): the example is never written
+    over an environment file that is there."""
+    units, etc = tmp_path / "units", tmp_path / "etc"
+    argv = ("--venv", str(BIN.parent), "--unit-dir", str(units), "--etc", str(etc))
+    _install(*argv, "variant-scheduler-agent")
+    env = etc / "variant-scheduler/variant-scheduler-agent.env"
+    env.write_text("VARIANT_SCHEDULER_URL=https://sched.site:5090\n")
+    _install(*argv, "variant-scheduler-agent", "variant-scheduler")
+    assert env.read_text() == "VARIANT_SCHEDULER_URL=https://sched.site:5090\n"
+    assert (etc / "variant-scheduler/variant-scheduler.env").is_file()
+
+
+def _unit_settings(unit: Path, key: str) -> list[str]:
+    return [
+        line.split("=", 1)[1]
+        for line in unit.read_text().replace("\\\n", " ").splitlines()
+        if line.startswith(f"{key}=")
+    ]
+
+
+def _example_values(unit: Path) -> dict[str, str]:
+    """The variables a unit's example environment file sets or shows (commented out)."""
+    found = re.findall(r"^#?([A-Z_]+)=(.*)$", unit.with_suffix(".env").read_text(), re.MULTILINE)
+    return dict(found)
+
+
+def test_the_units_take_the_sites_values_from_their_environment_files() -> None:
+    """No site value is written in a unit: each argument of ExecStart is an option, a
+    credential (%d), a number, or a variable the unit's environment file sets, and that file
+    (the one the install step writes) must exist. Every variable the example shows is one
+    the unit or its program reads."""
+    for unit in UNITS:
+        (environment_file,) = _unit_settings(unit, "EnvironmentFile")
+        assert environment_file == f"/etc/{_credential_dir(unit)}/{unit.stem}.env", unit.name
+        assert not _unit_settings(unit, "Environment") or unit.stem == "variant-scheduler"
+        examples = _example_values(unit)
+        argv = _exec_argv(unit)
+        for argument in argv[1:]:
+            variable = re.fullmatch(r"\$\{?([A-Z_]+)\}?", argument)
+            if variable:
+                assert variable.group(1) in examples, (unit.name, argument)
+            else:
+                assert argument.startswith(("--", "%d/")) or argument in ("serve", "agent"), (
+                    unit.name, argument)  # fmt: skip
+        source = (REPO / "src/docker_variant").rglob("*.py")
+        read = "".join(path.read_text() for path in source) + unit.read_text()
+        for variable in examples:
+            assert (
+                f'"{variable}"' in read or f"${variable}" in read or (f"${{{variable}}}" in read)
+            ), (unit.name, variable)
+
+
+def _credential_dir(unit: Path) -> str:
+    return "variant-proxy" if unit.stem == "variant-proxy" else "variant-scheduler"
+
+
+def test_the_install_step_adds_the_extras_of_units_added_later(tmp_path: Path) -> None:
+    """The agent's bare venv, then the proxy's unit into the same root: the venv gets the
+    [proxy] extra (pip recorded here; scripts/wheel-smoke runs it for real), as variant-proxy
+    would exit 2 without it."""
+    venv = tmp_path / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = venv.glob("lib/python3*/site-packages")
+    (site / "docker_variant_src.pth").write_text(str(REPO / "src") + "\n")  # a bare install
+    recorded = tmp_path / "pip.args"
+    for name, script in (("docker-variant", "exit 0"), ("pip", f'echo "$*" >>{recorded}')):
+        (venv / "bin" / name).write_text(f"#!/bin/sh\n{script}\n")
+        (venv / "bin" / name).chmod(0o755)
+    argv = ("--venv", str(venv), "--unit-dir", str(tmp_path / "units"), "--etc", str(tmp_path))
+    env = {**os.environ, "PACKAGE": "/wheels/docker_variant.whl"}
+    env.pop("PYTHONPATH", None)
+    _install(*argv, "variant-scheduler-agent", env=env)
+    assert not recorded.exists()  # the agent needs no extra
+    _install(*argv, "variant-proxy", "variant-scheduler-agent", env=env)
+    assert recorded.read_text() == "install -q /wheels/docker_variant.whl[proxy]\n"
 
 
 def test_the_install_step_refuses_an_unknown_unit(tmp_path: Path) -> None:

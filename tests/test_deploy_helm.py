@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
+import tomllib
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,8 @@ import render_kubernetes
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "deploy/helm/docker-variant"
+GUIDE = REPO / "docs/guides/operators.md"
+BIN = Path(sys.executable).parent
 KUBERNETES = ("1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0")
 
 
@@ -55,7 +60,8 @@ VALUE_SETS = {
     "defaults": (),
     "everything": (
         "namespace.create=true", "serviceMonitor.enabled=true", "agent.runtimeClassName=nvidia",
-        "image.pullPolicy=IfNotPresent", "image.prefix=registry.example.internal/dv/",
+        "image.pullPolicy=IfNotPresent", "image.registry=registry.example.internal:5000",
+        "image.prefix=dv/",
         "proxy.replicas=3", "scheduler.registries={a.example,b.example:5000}",
         "agent.descriptors.warboy\\.toml=name = 'x'", "agent.nodeLabels.cpuFlags=true",
     ),
@@ -126,7 +132,7 @@ def test_values_reach_the_objects() -> None:
     proxy = objects[("Deployment", "variant-proxy")]["spec"]
     assert proxy["replicas"] == 3
     images = {c["image"] for c in proxy["template"]["spec"]["containers"]}
-    assert "registry.example.internal/dv/variant-proxy:0.1.0" in images
+    assert "registry.example.internal:5000/dv/variant-proxy:0.1.0" in images
     scheduler = objects[("Deployment", "variant-scheduler")]["spec"]["template"]["spec"]
     args = scheduler["containers"][0]["args"]
     assert [a for a in args if a.startswith("--registry=")] == [
@@ -159,10 +165,93 @@ def test_the_redis_budget_lets_a_drain_move_it() -> None:
 
 
 def test_an_https_upstream_is_refused_by_name() -> None:
-    argv = [_tool("helm"), "template", "x", str(CHART), "--set", "proxy.upstream=https://reg:5000"]
+    argv = [_tool("helm"), "template", "x", str(CHART), "--set", "proxy.upstream=https://reg:5000",
+            *_site_values_but("proxy.upstream")]  # fmt: skip
     result = subprocess.run(argv, capture_output=True, text=True)
     assert result.returncode != 0
     assert "proxy.upstream" in result.stderr and "http://HOST:PORT" in result.stderr
+
+
+def _site_values_but(name: str) -> list[str]:
+    """``--set`` arguments of the site values the chart requires, but ``name``'s."""
+    pairs = [v for v in render_kubernetes.SITE if not v.startswith(f"{name}=")]
+    return [argument for value in pairs for argument in ("--set", value)]
+
+
+@pytest.mark.parametrize(
+    ("missing", "said"),
+    [
+        ("proxy.upstream", "the chart deploys none"),
+        ("image.registry", "no public registry has them"),
+        ("agent.containerdHosts.server", "as the nodes resolve it"),
+        ("scheduler.registries", "agent.containerdHosts.registries: no registry"),
+    ],
+)
+def test_the_chart_refuses_to_render_without_a_site_value(missing: str, said: str) -> None:
+    """The chart deploys no registry and pushes no image: what it cannot know, it asks for,
+    naming the value, rather than rendering placeholders that pull nothing."""
+    argv = [_tool("helm"), "template", "x", str(CHART), *_site_values_but(missing)]
+    result = subprocess.run(argv, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert said in result.stderr, result.stderr
+    assert missing.split(".")[-1] in result.stderr, result.stderr
+
+
+def _guide_sh_block(containing: str) -> str:
+    """The operators' guide's ``sh`` block holding ``containing``: commands run verbatim."""
+    blocks = re.findall(r"^```sh\n(.*?)^```", GUIDE.read_text(), re.MULTILINE | re.DOTALL)
+    (block,) = [b for b in blocks if containing in b]
+    return block
+
+
+def _arguments(container: dict[str, Any], option: str) -> list[str]:
+    return [a.split("=", 1)[1] for a in container["args"] if a.startswith(f"{option}=")]
+
+
+def test_the_guides_commands_render_a_setup_whose_parts_agree(tmp_path: Path) -> None:
+    """The guide's Helm commands, run as they stand (``helm install`` as ``helm template``,
+    kubectl recorded): the scheduler and the agents name the same registries, the proxy fronts
+    one of them, every node's hosts.toml (written as the agent writes it) sends its pulls to
+    the proxy, and the images come from the registry the guide's image build pushed to."""
+    rendered, recorded = tmp_path / "rendered.yaml", tmp_path / "kubectl.log"
+    stubs = (
+        f'kubectl() {{ echo "$*" >>{shlex.quote(str(recorded))}; }}\n'
+        f'helm() {{ [ "$1" = install ] || exit 9; shift; '
+        f'{shlex.quote(_tool("helm"))} template "$@" >>{shlex.quote(str(rendered))}; }}\n'
+    )
+    script = stubs + _guide_sh_block("helm install")
+    subprocess.run(["bash", "-euc", script], cwd=REPO, check=True, capture_output=True)
+    namespace = recorded.read_text().splitlines()[0].removeprefix("create namespace ")
+    objects = _by_key(_objects(rendered.read_text()))
+    pods = {
+        name: objects[(kind, name)]["spec"]["template"]["spec"]
+        for kind, name in objects
+        if kind in ("Deployment", "DaemonSet")
+    }
+    assert {objects[key]["metadata"]["namespace"] for key in objects if key[0] == "Deployment"} == {
+        namespace}  # fmt: skip
+    containers = {c["name"]: c for pod in pods.values() for c in pod["containers"]}
+    registries = _arguments(containers["variant-scheduler"], "--registry")
+    assert registries and _arguments(containers["containerd-hosts"], "--containerd-hosts") == (
+        registries)  # fmt: skip
+    (upstream,) = _arguments(containers["variant-proxy"], "--upstream")
+    assert upstream.removeprefix("http://") in registries
+    (server,) = _arguments(containers["containerd-hosts"], "--containerd-server")
+    certs = tmp_path / "certs.d"
+    subprocess.run(
+        [str(BIN / "docker-variant"), "k8s", "containerd-hosts", *registries, "--server", server,
+         "--providers-file", str(REPO / "examples/hosts/h200-r570.json"), "--output", str(certs)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    for registry in registries:
+        hosts = tomllib.loads((certs / registry / "hosts.toml").read_text())
+        assert hosts["server"] == server and list(hosts["host"]) == [server]
+    built = re.search(r"IMAGE_PREFIX=(\S+)", _guide_sh_block("deploy/images/build.sh"))
+    assert built
+    ours = {
+        c["image"] for c in containers.values() if c["image"].split("/")[-1].startswith("variant-")
+    }
+    assert ours and all(image.startswith(built.group(1)) for image in ours), ours
 
 
 # --------------------------------------------------------------------------- node labels
@@ -348,7 +437,7 @@ def test_a_second_agent_keeps_containerd_hosts_as_root_without_capabilities() ->
     keeper, agent = containers["containerd-hosts"], containers["variant-agent"]
     assert keeper["image"] == agent["image"]  # the agent's image: variant-scheduler agent
     assert keeper["args"][:3] == [
-        "--containerd-hosts=registry.example.internal",
+        "--containerd-hosts=registry.example.internal:5000",  # scheduler.registries
         "--containerd-hosts-dir=/host/etc/containerd/certs.d",
         "--containerd-server=https://variant-proxy.example.internal:5080",
     ]
@@ -394,7 +483,7 @@ def test_the_registry_is_told_to_notify_the_front_which_admits_only_its_addresse
 
 @pytest.mark.parametrize("value", ["all", "10.0.0.0/8; allow all"])
 def test_a_notify_address_that_is_no_address_is_refused_by_name(value: str) -> None:
-    argv = [_tool("helm"), "template", "x", str(CHART), "--set-json",
+    argv = [_tool("helm"), "template", "x", str(CHART), *_site_values_but(""), "--set-json",
             f"proxy.notify.allowFrom={json.dumps([value])}"]  # fmt: skip
     result = subprocess.run(argv, capture_output=True, text=True)
     assert result.returncode != 0
@@ -534,3 +623,20 @@ def test_an_unknown_agent_auth_is_refused_by_name() -> None:
     result = subprocess.run(argv, capture_output=True, text=True)
     assert result.returncode != 0
     assert "agent.auth" in result.stderr and '"secret"' in result.stderr, result.stderr
+
+
+def test_the_readme_says_what_the_chart_brings() -> None:
+    """The README's account of the chart names each server it runs a third party's image of
+    (nginx, Redis) and says that the registry and the database are the site's own."""
+    readme = (REPO / "README.md").read_text().replace("\n", " ")
+    told = readme[readme.index("a Helm chart (`deploy/helm/docker-variant/`") :]
+    told = told[: told.index(") with a kustomize base")]
+    images = {
+        c["image"].split("/")[-1].split(":")[0]
+        for d in _template()
+        if d["kind"] in ("Deployment", "DaemonSet")
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
+    assert {"nginx-unprivileged", "redis"} <= images and not images & {"postgres", "registry"}
+    assert "nginx" in told and "Redis" in told
+    assert "deploys no registry and no database" in told, told

@@ -69,3 +69,24 @@ def test_the_oldest_constraints_pin_every_lower_bound() -> None:
             name, _, pinned = line.partition("==")
             pins[canonicalize_name(name)] = Version(pinned)
     assert pins == floors
+
+
+def test_the_readmes_install_commands_need_no_package_index() -> None:
+    """No index has the package yet: the README's first commands install it from the
+    checkout or a wheel built from it, and scripts/wheel-smoke runs them as they stand."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("\n## Install\n") :]
+    block = section[section.index("```sh\n") + 6 :]
+    block = block[: block.index("```")]
+    assert readme.index("\n## Install\n") < readme.index("```sh\n", readme.index("## Quick start"))
+    installs = [
+        command.split("#")[0].split()
+        for line in block.splitlines()
+        for command in line.split("&&")
+        if command.split()[:2] in (["pip", "install"], ["pip", "wheel"])
+    ]
+    assert installs
+    for argv in installs:
+        targets = [a for a in argv[2:] if not a.startswith("-") and a != "dist"]
+        assert targets and all(t.startswith((".", "dist/")) for t in targets), argv
+    assert "## Install$" in (REPO / "scripts/wheel-smoke").read_text()

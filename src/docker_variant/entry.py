@@ -2,7 +2,7 @@
 
 Docker runs ``docker-variant docker-cli-plugin-metadata`` before every ``docker variant ...``
 and for ``docker --help``; answering it without loading typer, rich and httpx keeps that
-probe at bare interpreter start-up cost.
+probe at bare interpreter start-up cost; ``docker-variant --version`` is answered the same way.
 
 Every other command goes to ``docker_variant.cli``, whose commands import what they use,
 with two start-up savings: no cyclic garbage collection while the CLI's modules load (they
@@ -19,7 +19,7 @@ import os
 import sys
 
 from docker_variant.errors import EXIT_BROKEN_PIPE
-from docker_variant.pluginmeta import PLUGIN_METADATA_JSON
+from docker_variant.pluginmeta import PLUGIN_METADATA_JSON, VERSION_LINE
 
 #: Optional imports that libraries make whenever the package is installed, and that this
 #: process never uses. Each library falls back cleanly when the import fails, which a ``None``
@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["docker-cli-plugin-metadata"]:
         sys.stdout.write(PLUGIN_METADATA_JSON + "\n")
+        return
+    if args == ["--version"]:  # as cheap as the probe (tests/test_startup_imports.py)
+        sys.stdout.write(VERSION_LINE)
         return
     gc.disable()
     _skip_unused_optional_imports()

@@ -7,8 +7,17 @@ from __future__ import annotations
 
 from docker_variant import __version__
 
-__all__ = ["COMPLETION_COMMANDS", "PLUGIN_METADATA", "PLUGIN_METADATA_JSON", "PLUGIN_NAME"]
+__all__ = [
+    "COMPLETION_COMMANDS",
+    "PLUGIN_METADATA",
+    "PLUGIN_METADATA_JSON",
+    "PLUGIN_NAME",
+    "VERSION_LINE",
+]
 
+#: What ``docker-variant --version`` prints: the entry answers it without the CLI, as it
+#: does the probe, and the CLI's own ``--version`` (after other options) prints the same.
+VERSION_LINE = f"docker-variant {__version__}\n"
 PLUGIN_NAME = "variant"  # ``docker variant ...``: the plugin is docker-variant
 #: How Docker asks a plugin to complete (cobra's protocol; Docker's bash script: NoDesc).
 COMPLETION_COMMANDS = ("__complete", "__completeNoDesc")

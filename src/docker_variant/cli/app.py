@@ -16,7 +16,6 @@ import typer
 from click.core import ParameterSource
 from typer.core import TyperGroup
 
-from docker_variant import __version__
 from docker_variant.cli import k8s, plugin, providers, publish, select
 from docker_variant.cli.options import (
     GLOBAL_OPTIONS,
@@ -34,7 +33,7 @@ from docker_variant.cli.options import (
 )
 from docker_variant.cli.output import broken_pipe
 from docker_variant.errors import DockerVariantError
-from docker_variant.pluginmeta import COMPLETION_COMMANDS
+from docker_variant.pluginmeta import COMPLETION_COMMANDS, VERSION_LINE
 from docker_variant.safetext import safe_text
 
 __all__ = ["app", "main"]
@@ -128,7 +127,7 @@ app = typer.Typer(
 
 def _print_version(wanted: bool) -> None:
     if wanted:
-        sys.stdout.write(f"docker-variant {__version__}\n")
+        sys.stdout.write(VERSION_LINE)
         raise typer.Exit()
 
 

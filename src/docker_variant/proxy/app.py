@@ -21,7 +21,7 @@ from docker_variant.oci.extension import PROPERTIES_HEADER
 from docker_variant.oci.grammar import name_problem
 from docker_variant.openapi import document as openapi_document
 from docker_variant.proxy.cache import IndexStore, open_store
-from docker_variant.proxy.limits import ProxyLimits
+from docker_variant.proxy.limits import DEFAULT_CACHE_TTL, DEFAULT_UPSTREAM_TIMEOUT, ProxyLimits
 from docker_variant.proxy.metrics import (
     CONTENT_TYPE_LATEST,
     AccessLines,
@@ -42,8 +42,6 @@ __all__ = ["DEFAULT_CACHE_TTL", "DEFAULT_UPSTREAM_TIMEOUT", "check_upstream_url"
 
 _NOTIFY_LIMIT = 1 << 20  # a notification envelope; distribution batches a few events
 
-DEFAULT_CACHE_TTL = 30.0
-DEFAULT_UPSTREAM_TIMEOUT = 30.0
 # Starlette would default a function endpoint to GET only.
 _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 

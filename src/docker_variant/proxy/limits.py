@@ -9,9 +9,17 @@ import dataclasses
 from dataclasses import dataclass
 
 from docker_variant.errors import InvalidInputError
-from docker_variant.oci.client import ReadLimits
 
-__all__ = ["ProxyLimits", "parse_limit"]
+TYPE_CHECKING = False  # typing costs ~5 ms at start-up; type checkers read this as True
+if TYPE_CHECKING:
+    from docker_variant.oci.client import ReadLimits
+
+__all__ = ["DEFAULT_CACHE_TTL", "DEFAULT_UPSTREAM_TIMEOUT", "ProxyLimits", "parse_limit"]
+
+#: how long an index may be served from the cache, and the deadline of a scan and of an
+#: upstream's response headers (--cache-ttl, --upstream-timeout), in seconds
+DEFAULT_CACHE_TTL = 30.0
+DEFAULT_UPSTREAM_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,8 @@ class ProxyLimits:
 
     def reads(self) -> ReadLimits:
         """What an index scan reads of each image."""
+        from docker_variant.oci.client import ReadLimits  # httpx: not for --help
+
         return ReadLimits(
             config_bytes=self.config_bytes,
             labels=self.labels,
