@@ -56,10 +56,13 @@ def write(tmp: Path, name: str, data: Any) -> str:
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, needle: str) -> None:
+    """The one error style: ``docker-variant: error: MESSAGE``, then a ``hint:`` at most."""
     assert result.returncode == code, result.stderr
     assert "Traceback" not in result.stderr
     assert needle in result.stderr
-    assert len([line for line in result.stderr.splitlines() if line.strip()]) >= 1
+    error, *rest = [line for line in result.stderr.splitlines() if line.strip()]
+    assert error.startswith("docker-variant: error: "), result.stderr
+    assert [line.split(" ", 1)[0] for line in rest] in ([], ["hint:"]), result.stderr
 
 
 @pytest.fixture
@@ -207,6 +210,27 @@ def test_bad_input_exits_2(files: dict[str, str], tmp_path: Path) -> None:
         run_cli("providers", "--enable-provider", "nosuchns", tmp=tmp_path), 2, "nosuchns"
     )
     assert_one_line_error(run_cli("nosuchcommand"), 2, "nosuchcommand")
+
+
+def test_every_failure_is_one_error_style(files: dict[str, str], tmp_path: Path) -> None:
+    """A usage error (click's own would print the usage, then ``Error: ...``), bad input and
+    no compatible variant all start ``docker-variant: error:``; a usage error hints at help."""
+    unknown = run_cli("ls", "--nope")
+    assert unknown.returncode == 2
+    assert unknown.stderr.splitlines() == [
+        "docker-variant: error: No such option '--nope'. Did you mean '--index'?",
+        "hint: see 'docker-variant ls --help'",
+    ]
+    as_plugin = run_cli("variant", "nosuchcommand")
+    assert as_plugin.stderr.splitlines()[1] == "hint: see 'docker variant --help'"
+    doc = {"variants": {"npu": INDEX["variants"]["npu"]}, "images": {"npu": INDEX["images"]["npu"]}}
+    index = write(tmp_path, "npu.json", doc)
+    none = run_cli("resolve", "--index", index, "--providers-file", files["h200"])
+    assert none.returncode == 1
+    assert none.stderr.splitlines() == [
+        "docker-variant: error: no variant of the index fits this host:",
+        "  npu: no provider for namespace furiosa on this host",
+    ]
 
 
 def test_local_input_is_checked_before_the_engine_and_the_registry(

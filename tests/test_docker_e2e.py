@@ -8,13 +8,14 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import devstack
+from conftest import RunningRegistry
 from docker_variant.providers.nvidia import nvidia_features
 
 pytestmark = pytest.mark.e2e
@@ -300,7 +301,26 @@ def test_push_refuses_bad_labels(stack: Stack) -> None:
     tags = stack.run("curl", "-s", f"{stack.registry.url}/v2/e2e/refused/tags/list").stdout
     assert "1.0.0" not in tags, "nothing was pushed"
     missing = stack.docker("variant", "push", f"{stack.registry.address}/e2e/refused:9.9.9")
-    assert missing.returncode == 2 and "no such local image" in missing.stderr
+    # a missing image, local or in a registry, is exit 3 and says "not found"
+    assert missing.returncode == 3 and "no such local image" in missing.stderr
+    assert missing.stderr.startswith("docker-variant: error: not found: ")
+    absent = stack.docker("variant", "inspect", "--local", "e2e/nosuchimage:1")
+    assert absent.returncode == 3 and "no such local image" in absent.stderr, absent.stderr
+
+
+def test_a_refused_push_says_unauthorized_and_hints_at_docker_login(
+    stack: Stack, htpasswd_registry: Callable[[Mapping[str, str]], RunningRegistry]
+) -> None:
+    """The engine's "no basic auth credentials" is a refusal, not "unreachable"."""
+    private = htpasswd_registry({"alice": "wonderland"})
+    ref = f"{private.host}/e2e/private:1.0.0"
+    stack.build(ref, None, "private\n")
+    refused = stack.docker("variant", "push", ref)
+    assert refused.returncode == 3, refused.stderr
+    error, hint = refused.stderr.splitlines()
+    assert error.startswith("docker-variant: error: unauthorized: push "), error
+    assert "no basic auth credentials" in error
+    assert hint.startswith(f"hint: run `docker login {private.host}`")
 
 
 def test_faults_exit_3_with_a_clear_message(stack: Stack, app_ref: str) -> None:

@@ -280,7 +280,7 @@ def test_labels_inherited_from_a_variant_base_image_are_refused_before_a_push(
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     line = done.stderr.strip().splitlines()[-1]  # after the build's progress lines
-    assert line.startswith("docker-variant: variant[1] (cu126): ")
+    assert line.startswith("docker-variant: error: variant[1] (cu126): ")
     assert "dev.pep817.variant.nvidia.sm_arch='90_real'" in line
     tags = httpx.get(f"http://{published.registry}/v2/pub/inherit/tags/list")
     assert tags.status_code == 404  # nothing was pushed

@@ -1,7 +1,9 @@
 """The typer application: its global options, its commands and ``main``.
 
-Exit codes: 0 done; 1 no compatible variant; 2 bad input; 3 registry or engine unreachable;
-4 internal error. Errors are one line on stderr, never a traceback.
+Exit codes: 0 done; 1 no compatible variant; 2 bad input; 3 registry or engine unreachable,
+or what was asked for not found or refused; 4 internal error. An error is one line on stderr,
+``docker-variant: error: ...`` (then a ``hint: ...`` line where there is one), never a
+traceback.
 """
 
 from __future__ import annotations
@@ -29,10 +31,9 @@ from docker_variant.cli.options import (
     after_command,
     options_of,
 )
-from docker_variant.cli.output import broken_pipe
-from docker_variant.errors import DockerVariantError
+from docker_variant.cli.output import broken_pipe, error
+from docker_variant.errors import DockerVariantError, MissingError, UnauthorizedError
 from docker_variant.pluginmeta import COMPLETION_COMMANDS
-from docker_variant.safetext import safe_text
 
 __all__ = ["app", "main"]
 
@@ -176,22 +177,38 @@ def main(argv: list[str] | None = None) -> None:
         broken_pipe()
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        sys.stderr.write("docker-variant: interrupted\n")
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        error("interrupted")
         sys.exit(130)
-    except click.exceptions.ClickException as exc:  # usage errors: bad option, unknown command
+    except click.exceptions.NoArgsIsHelpError as exc:  # the bare command: its help
         exc.show()
         sys.exit(2)
+    except click.exceptions.ClickException as exc:  # usage errors: bad option, unknown command
+        error(*_usage_error(exc))
+        sys.exit(2)
     except DockerVariantError as exc:
-        # a value quoted in a message may hold a newline (a fuzzed index key did) or a
-        # terminal escape: shown as escapes, the message stays one line and harmless
-        sys.stderr.write(f"docker-variant: {safe_text(exc, markup=False)}\n")
+        error(_error_message(exc), exc.hint)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        sys.stderr.write("docker-variant: interrupted\n")
-        sys.exit(130)
     except Exception as exc:  # a bug: still one line, never a traceback
-        message = safe_text(exc, markup=False)
-        sys.stderr.write(f"docker-variant: internal error: {type(exc).__name__}: {message}\n")
+        error(f"internal error: {type(exc).__name__}: {exc}")
         sys.exit(4)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _error_message(exc: DockerVariantError) -> str:
+    """``exc``'s message, said to be "not found" or "unauthorized" where it is: a registry
+    that cannot be reached, an unknown tag and refused credentials all exit 3, and the
+    message tells them apart."""
+    if isinstance(exc, MissingError):
+        return f"not found: {exc}"
+    if isinstance(exc, UnauthorizedError):
+        return f"unauthorized: {exc}"
+    return str(exc)
+
+
+def _usage_error(exc: click.exceptions.ClickException) -> tuple[str, str | None]:
+    """Click's usage error as the message and hint of ``output.error`` (click's own shows
+    the usage line, then ``Error: ...``)."""
+    ctx = exc.ctx if isinstance(exc, click.exceptions.UsageError) else None
+    hint = f"see '{ctx.command_path} --help'" if ctx is not None else None
+    return exc.format_message(), hint

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = [
     "broken_pipe",
     "emit_json",
+    "error",
     "layer_progress",
     "stderr_console",
     "stderr_is_terminal",
@@ -76,6 +77,16 @@ def stderr_console() -> Console:
 
 def emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def error(message: str, hint: str | None = None) -> None:
+    """The one style of every failure: ``docker-variant: error: MESSAGE`` on stderr, then
+    ``hint: HINT`` where there is something to do about it. ``message`` may quote outside
+    text (a fuzzed index key held a newline, a registry may send a terminal escape): shown
+    as escapes, it stays one line and harmless."""
+    sys.stderr.write(f"docker-variant: error: {safe_text(message, markup=False)}\n")
+    if hint:
+        sys.stderr.write(f"hint: {safe_text(hint, markup=False)}\n")
 
 
 def warn(message: str) -> None:

@@ -11,7 +11,13 @@ import typer
 
 from docker_variant.cli.complete import complete_reference
 from docker_variant.cli.options import GpusOpt, IndexOpt, Options, PlatformOpt, options_of
-from docker_variant.cli.output import emit_json, layer_progress, stderr_console, stdout_console
+from docker_variant.cli.output import (
+    emit_json,
+    error,
+    layer_progress,
+    stderr_console,
+    stdout_console,
+)
 from docker_variant.errors import InvalidInputError
 from docker_variant.oci.reference import Reference
 from docker_variant.render import candidate_json, selection_json, selection_table
@@ -139,8 +145,7 @@ def host_choice(opts: Options, platform: str | None, gpus: str | None = None) ->
 
 def report_no_match(selection: Selection, target: Target, choice: HostChoice | None = None) -> None:
     whom = choice.for_gpus if choice is not None else ""
-    line = f"docker-variant: no variant of {target.describe()} fits this host{whom}:"
-    sys.stderr.write(safe_text(line, markup=False) + "\n")
+    error(f"no variant of {target.describe()} fits this host{whom}:")
     for c in selection.rejected:
         sys.stderr.write(safe_text(f"  {c.label or c.tag}: {c.reason}", markup=False) + "\n")
     if not selection.rejected:

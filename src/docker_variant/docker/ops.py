@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from docker_variant.docker.engine import Engine, EngineError, ProgressEvent
+from docker_variant.docker.engine import Engine, EngineError, EngineNotFoundError, ProgressEvent
 from docker_variant.errors import InvalidInputError
 from docker_variant.oci.reference import Reference, parse_reference
 from docker_variant.variant import Candidate, Variant, read_labels
@@ -79,7 +79,7 @@ def local_image(engine: Engine, reference: Reference) -> tuple[dict[str, Any], d
     labels."""
     inspected = engine.inspect_image(str(reference))
     if inspected is None:
-        raise InvalidInputError(f"{reference}: no such local image (build or tag it first)")
+        raise EngineNotFoundError(f"{reference}: no such local image (build or tag it first)")
     return inspected, (inspected.get("Config") or {}).get("Labels") or {}
 
 
