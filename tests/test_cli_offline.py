@@ -212,6 +212,25 @@ def test_bad_input_exits_2(files: dict[str, str], tmp_path: Path) -> None:
     assert_one_line_error(run_cli("nosuchcommand"), 2, "nosuchcommand")
 
 
+def test_h_and_the_help_command_print_help_as_docker_and_uv_do() -> None:
+    """``-h`` is ``--help`` on the group and on every command, ``k8s``'s too; ``help`` and
+    ``help COMMAND`` print the same help, also as Docker runs the plugin."""
+    for args, usage in (
+        ((), "Usage: docker-variant [OPTIONS] COMMAND"),
+        (("ls",), "Usage: docker-variant ls [OPTIONS] [REF]"),
+        (("k8s",), "Usage: docker-variant k8s [OPTIONS] COMMAND"),
+        (("k8s", "claim"), "Usage: docker-variant k8s claim [OPTIONS] [REF]"),
+    ):
+        long = run_cli(*args, "--help")
+        for given in ((*args, "-h"), ("help", *args)):
+            short = run_cli(*given)
+            assert (short.returncode, short.stdout) == (0, long.stdout), short.stderr
+            assert usage in short.stdout
+    plugin = run_cli("variant", "help", "pull")
+    assert plugin.returncode == 0 and "Usage: docker variant pull [OPTIONS] REF" in plugin.stdout
+    assert_one_line_error(run_cli("help", "nosuch"), 2, "No such command 'nosuch'")
+
+
 def test_every_failure_is_one_error_style(files: dict[str, str], tmp_path: Path) -> None:
     """A usage error (click's own would print the usage, then ``Error: ...``), bad input and
     no compatible variant all start ``docker-variant: error:``; a usage error hints at help."""

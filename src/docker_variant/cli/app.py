@@ -37,6 +37,21 @@ from docker_variant.pluginmeta import COMPLETION_COMMANDS
 
 __all__ = ["app", "main"]
 
+
+def help_(
+    ctx: typer.Context,
+    command: Annotated[
+        list[str] | None, typer.Argument(help="The command, e.g. pull or k8s claim.")
+    ] = None,
+) -> None:
+    """Show the help of docker-variant, or of COMMAND (as COMMAND --help)."""
+    root = ctx.find_root()
+    root.command.main([*(command or []), "--help"], prog_name=root.info_name, standalone_mode=False)
+
+
+#: ``-h`` as well as ``--help``, as docker, uv and pip take it; sub-commands inherit it.
+HELP_SETTINGS = {"help_option_names": ["-h", "--help"]}
+
 #: The commands, in the order help lists them (then ``k8s``).
 COMMANDS: dict[str, Callable[..., None]] = {
     "providers": providers.providers,
@@ -49,6 +64,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "publish": publish.publish,
     "build": publish.build,
     "install-plugin": plugin.install_plugin,
+    "help": help_,
 }
 
 
@@ -100,7 +116,8 @@ class _Commands(TyperGroup):
         command.callback = _taking_global_options(command.callback)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return [*COMMANDS, *super().list_commands(ctx)]
+        # a command of COMMANDS is added once made: ``help``'s listing would name it twice
+        return [*COMMANDS, *(name for name in super().list_commands(ctx) if name not in COMMANDS)]
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = super().get_command(ctx, cmd_name)
@@ -120,6 +137,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=True,  # --install-completion, --show-completion (bash, zsh, fish)
     cls=_Commands,
+    context_settings=HELP_SETTINGS,
 )
 
 
