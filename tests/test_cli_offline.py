@@ -156,6 +156,13 @@ def test_no_compatible_variant_exits_1_with_every_reason(
     assert result.returncode == 1 and result.stdout == ""
     assert "cu128: no provider for namespace nvidia on this host" in result.stderr
     assert "npu: no provider for namespace furiosa" in result.stderr
+    # ls lists every variant with its reason, in each of its forms, and exits 1 as well
+    ls = ("ls", "--index", write(tmp_path, "i.json", doc), "--providers-file", files["arm"])
+    for form in ((), ("--json",), ("-q",), ("--format", "json"), ("--format", "{{.Tag}}")):
+        listed = run_cli(*ls, *form)
+        assert listed.returncode == 1, listed.stderr
+        assert listed.stderr == "docker-variant: error: no variant of the index fits this host\n"
+    assert "no provider for namespace nvidia" in run_cli(*ls).stdout
     # --json: resolve and pull --dry-run print every variant with its reason, and exit 1
     index = write(tmp_path, "i.json", doc)
     for command in (("resolve",), ("pull", "127.0.0.1:1/app:1.0.0", "--dry-run")):

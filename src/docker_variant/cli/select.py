@@ -193,7 +193,8 @@ def ls_(
         ),
     ] = None,
 ) -> None:
-    """List every variant: compatible or not (with the reason), rank and tag."""
+    """List every variant: compatible or not (with the reason), rank and tag; exit 1 when
+    none fits."""
     from docker_variant.render import check_format, format_candidate
 
     layout = check_format(format_) if format_ is not None else "table"
@@ -218,6 +219,9 @@ def ls_(
     else:
         title = f"Variants of {target.describe()}{choice.for_gpus}"
         stdout_console().print(selection_table(selection, title))
+    if selection.best is None:  # as resolve and pull: exit 1, the reasons are listed above
+        error(f"no variant of {target.describe()} fits this host{choice.for_gpus}")
+        raise typer.Exit(1)
 
 
 def resolve(
