@@ -539,6 +539,20 @@ def test_ls_quiet_and_format_as_docker_has_them(files: dict[str, str]) -> None:
     assert_one_line_error(run_cli(*ls, "-q", "--json"), 2, "give one of --json, --quiet")
 
 
+def test_the_chosen_variant_is_one_key_in_every_json(files: dict[str, str]) -> None:
+    """``ls --json``, ``resolve --json`` (when none fits) and ``pull --json`` name the chosen
+    variant ``chosen``, one object: its fields and its reference."""
+    given = ("--index", files["index"], "--providers-file", files["h200"], "--json")
+    listed = json.loads(run_cli("ls", *given).stdout)
+    ref = "reg.example:5000/app:1.0.0"
+    pulled = json.loads(run_cli("pull", ref, *given, "--dry-run").stdout)
+    assert "selected" not in listed
+    assert listed["chosen"]["label"] == "cu128" and listed["chosen"]["rank"] == 1
+    assert listed["chosen"]["reference"] == "1.0.0-cu128"  # --index alone: the tag
+    assert listed["variants"][0] == listed["chosen"]
+    assert pulled["chosen"] == listed["chosen"] | {"reference": f"{ref}-cu128"}
+
+
 def test_pull_quiet_prints_the_reference_alone(files: dict[str, str]) -> None:
     result = run_cli(
         "pull", "reg.example:5000/app:1.0.0", "--index", files["index"], "--dry-run", "-q",

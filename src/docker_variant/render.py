@@ -7,7 +7,7 @@ need it.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from docker_variant.errors import InvalidInputError
@@ -108,12 +108,20 @@ def format_candidate(template: str, candidate: Candidate, reference: str | None)
     )
 
 
-def selection_json(selection: Selection, reference: str | None) -> dict[str, Any]:
+def selection_json(
+    selection: Selection, reference: str | None, reference_of: Callable[[str], str]
+) -> dict[str, Any]:
+    """REF, the ``chosen`` variant (``None`` when none fits) and every variant, each with
+    its ``reference`` (``reference_of`` its tag): ``chosen`` as in ``pull --json``."""
+
+    def entry(candidate: Candidate) -> dict[str, Any]:
+        return candidate_json(candidate) | {"reference": reference_of(candidate.tag)}
+
     best = selection.best
     return {
         "reference": reference,
-        "selected": candidate_json(best) if best else None,
-        "variants": [candidate_json(c) for c in selection.candidates],
+        "chosen": entry(best) if best else None,
+        "variants": [entry(c) for c in selection.candidates],
     }
 
 

@@ -64,6 +64,11 @@ class Target:
     def describe(self) -> str:
         return str(self.reference) if self.reference is not None else "the index"
 
+    @property
+    def given(self) -> str | None:
+        """REF as given; ``None`` for ``--index``."""
+        return None if self.reference is None else str(self.reference)
+
     def chosen_ref(self, tag: str) -> str:
         return tag if self.reference is None else str(self.reference.with_tag(tag))
 
@@ -207,7 +212,7 @@ def ls_(
             if c.compatible:
                 sys.stdout.write(target.chosen_ref(c.tag) + "\n")
     elif opts.json:
-        data = selection_json(selection, str(target.reference) if target.reference else None)
+        data = selection_json(selection, target.given, target.chosen_ref)
         emit_json(data | {"gpus": list(choice.titles)})
     elif layout == "json":
         for c in selection.candidates:
@@ -236,7 +241,8 @@ def resolve(
     best = selection.best
     if best is None:
         if opts.json:
-            emit_json(selection_json(selection, None) | {"gpus": list(choice.titles)})
+            data = selection_json(selection, target.given, target.chosen_ref)
+            emit_json(data | {"gpus": list(choice.titles)})
         report_no_match(selection, target, choice)
         raise typer.Exit(1)
     chosen = target.chosen_ref(best.tag)
@@ -302,7 +308,7 @@ def pull(
         best = selection.best
         if best is None:
             if opts.json:  # as resolve --json: every variant, and why none fits
-                emit_json(selection_json(selection, str(reference)))
+                emit_json(selection_json(selection, str(reference), target.chosen_ref))
             else:
                 title = f"Variants of {reference}{choice.for_gpus}"
                 stderr_console().print(selection_table(selection, title))
@@ -322,7 +328,7 @@ def pull(
         emit_json(
             {
                 "reference": str(reference),
-                "chosen": target.chosen_ref(best.tag),
+                "chosen": candidate_json(best) | {"reference": target.chosen_ref(best.tag)},
                 "label": best.label,
                 "kind": best.kind,
                 "digest": best.digest,
