@@ -527,6 +527,10 @@ def test_ls_quiet_and_format_as_docker_has_them(files: dict[str, str]) -> None:
     assert "npu: no provider for namespace furiosa on this host" in reasons
     rows = [json.loads(line) for line in run_cli(*ls, "--format", "json").stdout.splitlines()]
     assert [r["label"] for r in rows if r["compatible"]] == ["cu128", "cu126", "v3", "null", None]
+    for docker_json in ("{{json .}}", "{{ json . }}"):  # docker's spelling of the same
+        assert (
+            run_cli(*ls, "--format", docker_json).stdout == run_cli(*ls, "--format", "json").stdout
+        )
     assert all(r["reference"] == r["tag"] for r in rows)  # --index: no registry to name
     for bad, needle in (
         ("{{.Name}}", "'{{.Name}}' is not a placeholder"),

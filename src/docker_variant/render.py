@@ -65,14 +65,19 @@ FORMAT_FIELDS = ("Rank", "Label", "Tag", "Reference", "Digest", "Kind", "Compati
                  "Platform", "Reason")  # fmt: skip
 # one quantifier only: linear on hostile text; the field's spaces are stripped in Python
 _PLACEHOLDER = re.compile(r"\{\{([^{}]*)\}\}")
+#: ``{{json .}}``, as ``docker image ls --format`` takes it (spaces inside the braces free)
+_JSON_TEMPLATE = re.compile(r"\{\{ *json +\. *\}\}")
 
 
 def check_format(template: str) -> str:
-    """An ``ls --format`` template: ``table`` (the default), ``json`` (one object a line) or
+    """An ``ls --format`` template: ``table`` (the default), ``json`` or ``{{json .}}`` (one
+    object a line) or
     text with ``{{.Field}}`` placeholders and ``\\t``/``\\n``; anything else in ``{{ }}``
     (Go template logic) is refused, naming it."""
     if template in ("table", "json"):
         return template
+    if _JSON_TEMPLATE.fullmatch(template):  # docker's spelling of json: one object a line
+        return "json"
     for found in _PLACEHOLDER.finditer(template):
         field = found.group(1).strip()
         if not field.startswith(".") or field[1:] not in FORMAT_FIELDS:
