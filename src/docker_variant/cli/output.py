@@ -110,11 +110,11 @@ def stderr_is_terminal() -> bool:
 
 
 def layer_progress(
-    action: str, *, shown: bool = True
+    action: str, image: str, *, shown: bool = True
 ) -> contextlib.AbstractContextManager[Callable[[dict[str, Any]], None]]:
-    """What takes the engine's events of a pull or push: rich bars on a terminal; in a log
-    or pipe, one plain line per layer when it is done (no rich loaded); nothing when not
-    ``shown`` (``--json``)."""
+    """What takes the engine's events of a pull or push of ``image``: rich bars on a
+    terminal; in a log or pipe, one plain line per layer when it is done, naming the image
+    (no rich loaded); nothing when not ``shown`` (``--json``)."""
     if not shown:
         return contextlib.nullcontext(lambda event: None)
     if stderr_is_terminal():
@@ -123,4 +123,4 @@ def layer_progress(
         return LayerProgress(action, console=stderr_console())
     from docker_variant.docker.events import LayerLines
 
-    return LayerLines(action, sys.stderr)
+    return LayerLines(action, sys.stderr, image)

@@ -319,7 +319,8 @@ def pull(
         if engine is not None:
             from docker_variant.docker.ops import pull_candidate
 
-            with layer_progress("pull", shown=not (opts.json or quiet)) as progress:
+            image = target.chosen_ref(best.tag)
+            with layer_progress("pull", image, shown=not (opts.json or quiet)) as progress:
                 result = pull_candidate(engine, reference, best, progress)
     finally:
         if engine is not None:
