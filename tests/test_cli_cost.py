@@ -372,5 +372,6 @@ def test_a_pull_to_a_pipe_loads_one_http_stack_and_no_rich(
         stderr.append(done.stderr)
     # a pipe gets one plain line per layer pulled (no bars), and none for a present image
     lines = stderr[0].splitlines()
-    assert lines and all(re.fullmatch(r"pull [0-9a-f]{12}: Pull complete", x) for x in lines)
+    layer = rf"pull {re.escape(ref)}-cu128 layer [0-9a-f]{{12}}: Pull complete"
+    assert lines and all(re.fullmatch(layer, x) for x in lines)
     assert stderr[1] == ""
