@@ -363,10 +363,13 @@ def test_a_pull_to_a_pipe_loads_one_http_stack_and_no_rich(
     assert "httpx" in record["modules"]  # it read the registry
 
     stderr = []
-    for _ in ("downloaded", "present"):
+    for status in ("Downloaded newer image", "Image is up to date"):
         done, record = run_entry(tmp_path, *pull, env=env)
         assert done.returncode == 0, done.stderr
-        assert done.stdout == f'Selected variant "cu128" of {ref.rsplit(":", 1)[0]} version 1.0.0\n'
+        assert done.stdout == (
+            f'Selected variant "cu128" of {ref.rsplit(":", 1)[0]} version 1.0.0\n'
+            f"Status: {status} for {ref}-cu128\n"
+        )
         assert loaded(record, _NOT_FOR_A_PIPED_PULL) == []
         assert "docker_variant.docker.engine" in record["modules"]
         stderr.append(done.stderr)

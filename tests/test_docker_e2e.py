@@ -162,7 +162,7 @@ def test_pull_chooses_per_host_and_tags_both_ways(
     result = stack.docker("variant", "pull", "--providers-file", stack.host_file(host), app_ref)
     assert result.returncode == 0, result.stderr
     assert (
-        result.stdout.strip()
+        result.stdout.splitlines()[0]
         == f'Selected variant "{label}" of {app_ref.rsplit(":", 1)[0]} version 1.0.0'
     )
     variant_ref = f"{app_ref}-{label}"
@@ -186,6 +186,30 @@ def test_a_second_pull_moves_ref_to_its_own_choice(stack: Stack, app_ref: str) -
         chosen = stack.image_id(f"{app_ref}-{label}")
         assert chosen is not None and stack.image_id(app_ref) == chosen
     assert stack.image_id(f"{app_ref}-v3") not in (None, stack.image_id(app_ref))
+
+
+def test_a_repeated_pull_says_up_to_date_and_leaves_no_untagged_image(
+    stack: Stack, app_ref: str
+) -> None:
+    """As ``docker pull``: ``Status: Downloaded newer image for REF`` when layers came,
+    ``Status: Image is up to date for REF`` when nothing did, and no ``<none>`` left."""
+    stack.forget(stack.registry.address, "e2e/app")
+    pull = ("variant", "pull", "--providers-file", stack.host_file("h200"), app_ref)
+    variant_ref = f"{app_ref}-cu128"
+    statuses = []
+    for _ in range(3):
+        done = stack.docker(*pull, check=True)
+        statuses.append(done.stdout.splitlines()[-1])
+    assert statuses == [
+        f"Status: Downloaded newer image for {variant_ref}",
+        f"Status: Image is up to date for {variant_ref}",
+        f"Status: Image is up to date for {variant_ref}",
+    ]
+    listing = stack.docker(
+        "images", "--format", "{{.Repository}}:{{.Tag}}", app_ref.rsplit(":", 1)[0], check=True
+    )
+    assert sorted(listing.stdout.split()) == sorted([app_ref, variant_ref]), listing.stdout
+    assert stack.docker("images", "-q", "--filter", "dangling=true").stdout == ""
 
 
 def test_pull_as_this_host_agrees_with_resolve(stack: Stack, app_ref: str) -> None:

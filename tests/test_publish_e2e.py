@@ -184,7 +184,7 @@ def test_docker_variant_pull_as_h200_gets_cu128(published: Published) -> None:
         "docker", "variant", "pull", "--providers-file", str(host), published.ref, check=True
     )
     assert (
-        done.stdout.strip()
+        done.stdout.splitlines()[0]
         == f'Selected variant "cu128" of {published.registry}/pub/app version 1.0.0'
     )
     got = published.inspect(published.ref, "{{.Id}}")

@@ -335,6 +335,7 @@ def pull(
                 "digest": best.digest,
                 "image_id": result.image_id if result else None,
                 "tags": list(result.tags) if result else [],
+                "downloaded": result.downloaded if result else None,
                 "gpus": list(choice.titles),
             }
         )
@@ -342,3 +343,5 @@ def pull(
         sys.stdout.write(target.chosen_ref(best.tag) + "\n")
     else:
         sys.stdout.write(safe_text(message, markup=False) + "\n")
+        if result is not None:  # as docker pull ends (not for --dry-run)
+            sys.stdout.write(safe_text(result.status, markup=False) + "\n")
