@@ -31,7 +31,7 @@ from docker_variant.cli.options import (
     after_command,
     options_of,
 )
-from docker_variant.cli.output import broken_pipe, error
+from docker_variant.cli.output import broken_pipe, error, warn
 from docker_variant.errors import DockerVariantError, MissingError, UnauthorizedError
 from docker_variant.pluginmeta import COMPLETION_COMMANDS
 
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     if (as_plugin := plugin.plugin_args(args)) is not None:  # run by the Docker CLI
         args, env = as_plugin
         os.environ.update(env)
-        prog = "docker variant"
+        prog = _plugin_prog(args)
     try:
         code = app(args=args, prog_name=prog, standalone_mode=False)
     except BrokenPipeError:
@@ -211,6 +211,25 @@ def main(argv: list[str] | None = None) -> None:
         error(f"internal error: {type(exc).__name__}: {exc}")
         sys.exit(4)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+#: typer's options that write a completion script for the program's name.
+_COMPLETION_SCRIPT_OPTIONS = ("--install-completion", "--show-completion")
+
+
+def _plugin_prog(args: list[str]) -> str:
+    """The program's name as Docker runs the plugin: ``docker variant``, but for typer's
+    completion scripts, which are ``docker-variant``'s. Written for ``docker variant``, a
+    script would name the command ``docker variant`` (``complete ... docker variant``,
+    ``_DOCKER VARIANT_COMPLETE``) and break Docker's own completion in every new shell;
+    ``docker variant <TAB>`` goes through Docker's completion, which asks ``__complete``."""
+    if not any(arg.startswith(_COMPLETION_SCRIPT_OPTIONS) for arg in args):
+        return "docker variant"
+    warn(
+        "the completion script is docker-variant's; `docker variant <TAB>` completes "
+        "through Docker's own completion, which asks docker-variant (nothing to install)"
+    )
+    return "docker-variant"
 
 
 def _error_message(exc: DockerVariantError) -> str:
