@@ -482,6 +482,47 @@ def test_the_plugin_answers_the_probe_itself_until_the_console_script_is_newer(
     assert calls.read_text().splitlines()[-1] == "docker-cli-plugin-metadata"
 
 
+def test_a_stale_plugin_mends_itself_and_a_broken_one_says_how_to_repair_it(
+    tmp_path: Path,
+) -> None:
+    """After a reinstall (a newer console script) the console script answers Docker's probe
+    once and rewrites the plugin script: the next probes start no Python again. Where the
+    console script is gone, the probe is still answered and a command says how to repair."""
+    bindir, plugins, calls = tmp_path / "bin", tmp_path / "plugins", tmp_path / "calls"
+    bindir.mkdir()
+    console = bindir / "docker-variant"  # the real CLI, logging each start
+    src = Path(__file__).resolve().parent.parent / "src"
+    console.write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\n'
+        f'PYTHONPATH={src} exec {sys.executable} -m docker_variant "$@"\n'
+    )
+    console.chmod(0o755)
+    env = {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    assert run_cli("install-plugin", "--dir", str(plugins), env=env).returncode == 0
+    plugin = plugins / "docker-variant"
+    os.utime(plugin, (1_000_000_000, 1_000_000_000))  # older: the console script was reinstalled
+
+    def probe() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(plugin), "docker-cli-plugin-metadata"], capture_output=True, text=True, check=True
+        )
+
+    expected = json.loads(run_cli("docker-cli-plugin-metadata").stdout)
+    assert json.loads(probe().stdout) == expected
+    assert calls.read_text() == "docker-cli-plugin-metadata\n"  # answered by Python, once
+    assert plugin.stat().st_mtime > console.stat().st_mtime  # and the script rewritten
+    assert json.loads(probe().stdout) == expected
+    assert calls.read_text() == "docker-cli-plugin-metadata\n"  # the script answers again
+    console.unlink()  # removed, or its venv moved
+    assert json.loads(probe().stdout) == expected  # Docker still lists the plugin
+    broken = subprocess.run([str(plugin), "variant", "ls"], capture_output=True, text=True)
+    assert broken.returncode == 4
+    assert broken.stderr.splitlines() == [
+        f"docker-variant: error: the plugin runs {console}, which is gone",
+        "hint: run `docker-variant install-plugin` with the docker-variant to use",
+    ]
+
+
 @pytest.mark.parametrize(
     "args",
     [

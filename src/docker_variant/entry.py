@@ -19,7 +19,12 @@ import os
 import sys
 
 from docker_variant.errors import EXIT_BROKEN_PIPE
-from docker_variant.pluginmeta import PLUGIN_METADATA_JSON
+from docker_variant.pluginmeta import (
+    PLUGIN_METADATA_JSON,
+    SHIM_EXE_VARIABLE,
+    SHIM_VARIABLE,
+    refresh_plugin_script,
+)
 
 #: Optional imports that libraries make whenever the package is installed, and that this
 #: process never uses. Each library falls back cleanly when the import fails, which a ``None``
@@ -72,6 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["docker-cli-plugin-metadata"]:
         sys.stdout.write(PLUGIN_METADATA_JSON + "\n")
+        script, executable = os.environ.get(SHIM_VARIABLE), os.environ.get(SHIM_EXE_VARIABLE)
+        if script and executable:  # asked through a plugin script that went stale
+            refresh_plugin_script(script, executable)
         return
     gc.disable()
     _skip_unused_optional_imports()
