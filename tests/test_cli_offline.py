@@ -598,6 +598,30 @@ def test_the_chosen_variant_is_one_key_in_every_json(files: dict[str, str]) -> N
     assert pulled["chosen"] == listed["chosen"] | {"reference": f"{ref}-cu128"}
 
 
+def test_format_json_as_docker_takes_it_on_every_command_with_json(
+    files: dict[str, str],
+) -> None:
+    """``--format '{{json .}}'`` (or ``json``), before or after the command: the ``--json``
+    document on one line; ``ls``: one variant a line; anything else is exit 2 naming it."""
+    index, h200 = ("--index", files["index"]), ("--providers-file", files["h200"])
+    for command in (
+        ("providers", *h200),
+        ("resolve", *index, *h200),
+        ("labels", "--label", "v3", "--property", "x86_64 :: level :: v3"),
+        ("k8s", "node-labels", *h200),
+        ("pull", "reg.example/app:1.0.0", *index, *h200, "--dry-run"),
+    ):
+        expected = json.loads(run_cli(*command, "--json").stdout)
+        for args in ((*command, "--format", "{{json .}}"), ("--format", "json", *command)):
+            done = run_cli(*args)
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.count("\n") == 1 and json.loads(done.stdout) == expected
+    lines = run_cli("--format", "{{ json . }}", "ls", *index, *h200).stdout.splitlines()
+    assert [json.loads(line)["tag"] for line in lines][:2] == ["1.0.0-cu128", "1.0.0-cu126"]
+    bad = run_cli("providers", *h200, "--format", "{{.Tag}}")
+    assert_one_line_error(bad, 2, "'{{.Tag}}': this command's --format takes json or '{{json .}}'")
+
+
 def test_pull_quiet_prints_the_reference_alone(files: dict[str, str]) -> None:
     result = run_cli(
         "pull", "reg.example:5000/app:1.0.0", "--index", files["index"], "--dry-run", "-q",

@@ -25,13 +25,14 @@ from docker_variant.cli.options import (
     DescriptorsOpt,
     EnableOpt,
     HostRootOpt,
+    JsonFormatOpt,
     JsonOpt,
     Options,
     ProvidersFileOpt,
     after_command,
     options_of,
 )
-from docker_variant.cli.output import broken_pipe, error, warn
+from docker_variant.cli.output import broken_pipe, error, json_on_one_line, warn
 from docker_variant.errors import DockerVariantError, MissingError, UnauthorizedError
 from docker_variant.pluginmeta import COMPLETION_COMMANDS
 
@@ -83,6 +84,7 @@ def _taking_global_options(callback: Callable[..., Any]) -> Callable[..., Any]:
         for name in GLOBAL_OPTIONS:
             kwargs.pop(name, None)
         ctx.obj = after_command(options_of(ctx), given)
+        json_on_one_line(ctx.obj.json_lines)
         try:
             return callback(**kwargs)
         except BrokenPipeError:  # before click, which would make it exit 1
@@ -112,7 +114,11 @@ class _Commands(TyperGroup):
                 self._add_global_options(sub)
             return
         assert command.callback is not None
-        command.params.extend(p for p in self.params if p.name in GLOBAL_OPTIONS)
+        # a command's own option of the same name wins (ls's --format takes templates too)
+        own = {opt for param in command.params for opt in param.opts}
+        command.params.extend(
+            p for p in self.params if p.name in GLOBAL_OPTIONS and not own.intersection(p.opts)
+        )
         command.callback = _taking_global_options(command.callback)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -163,6 +169,7 @@ VersionOpt = Annotated[
 def global_options(
     ctx: typer.Context,
     json_: JsonOpt = False,
+    json_format: JsonFormatOpt = None,
     providers_file: ProvidersFileOpt = None,
     enable: EnableOpt = None,
     host_root: HostRootOpt = None,
@@ -171,7 +178,10 @@ def global_options(
 ) -> None:
     """The global options (see ``cli.options``), before the command; ``_Commands`` gives
     each command these parameters too, for after it."""
-    ctx.obj = Options(json_, providers_file, list(enable or []), host_root, descriptors)
+    lines = json_format is not None
+    ctx.obj = Options(
+        json_ or lines, providers_file, list(enable or []), host_root, descriptors, lines
+    )
 
 
 app.add_typer(k8s.k8s_app, name="k8s")

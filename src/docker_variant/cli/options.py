@@ -10,6 +10,7 @@ named in ``GLOBAL_OPTIONS``, and its merge in ``after_command``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ __all__ = [
     "GpusOpt",
     "HostRootOpt",
     "IndexOpt",
+    "JsonFormatOpt",
     "JsonOpt",
     "NoVerifyOpt",
     "Options",
@@ -47,6 +49,7 @@ class Options:
     enable_provider: list[str] = field(default_factory=list)
     host_root: Path | None = None
     descriptors: Path | None = None
+    json_lines: bool = False  # --format '{{json .}}': the JSON on one line (implies json)
 
     def host(self, refresh: bool = False) -> HostReport:
         from docker_variant.providers import detect_host
@@ -65,6 +68,29 @@ GLOBAL_PANEL = "Global options"
 
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Machine-readable output.", rich_help_panel=GLOBAL_PANEL)
+]
+#: What ``--format`` takes on every command: Docker's ``{{json .}}`` (spaces inside the braces
+#: free) or ``json``. ``ls`` has its own ``--format``, which takes templates too.
+_JSON_FORMAT = re.compile(r"json|\{\{ *json +\. *\}\}")
+
+
+def _json_format(value: str | None) -> str | None:
+    if value is not None and not _JSON_FORMAT.fullmatch(value):
+        raise click.BadParameter(
+            f"{value!r}: this command's --format takes json or '{{{{json .}}}}' (the --json "
+            "output on one line; ls also takes a template)"
+        )
+    return value
+
+
+JsonFormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--format",
+        callback=_json_format,
+        rich_help_panel=GLOBAL_PANEL,
+        help="json or '{{json .}}', as docker takes it: the --json output, on one line.",
+    ),
 ]
 ProvidersFileOpt = Annotated[
     Path | None,
@@ -128,7 +154,7 @@ NoVerifyOpt = Annotated[
 
 
 #: ``app.global_options``'s parameters, which every command also takes after its name.
-GLOBAL_OPTIONS = ("json_", "providers_file", "enable", "host_root", "descriptors")
+GLOBAL_OPTIONS = ("json_", "providers_file", "enable", "host_root", "descriptors", "json_format")
 
 
 def _path(value: Any) -> Path | None:
@@ -138,12 +164,14 @@ def _path(value: Any) -> Path | None:
 def after_command(base: Options, given: Mapping[str, Any]) -> Options:
     """``base`` (the options given before the command) with those ``given`` after it, by
     parameter name: a value given after the command wins, ``--enable-provider`` adds."""
+    json_lines = base.json_lines or given.get("json_format") is not None
     return Options(
-        json=base.json or bool(given.get("json_")),
+        json=base.json or bool(given.get("json_")) or json_lines,
         providers_file=_path(given.get("providers_file")) or base.providers_file,
         enable_provider=[*base.enable_provider, *(given.get("enable") or [])],
         host_root=_path(given.get("host_root")) or base.host_root,
         descriptors=_path(given.get("descriptors")) or base.descriptors,
+        json_lines=json_lines,
     )
 
 

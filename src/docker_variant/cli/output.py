@@ -20,6 +20,7 @@ __all__ = [
     "broken_pipe",
     "emit_json",
     "error",
+    "json_on_one_line",
     "layer_progress",
     "stderr_console",
     "stderr_is_terminal",
@@ -75,8 +76,20 @@ def stderr_console() -> Console:
     return _console(stderr=True)
 
 
+#: ``--format '{{json .}}'``: JSON on one line, as docker writes it (``json_on_one_line``).
+_ONE_LINE: list[bool] = [False]
+
+
+def json_on_one_line(wanted: bool) -> None:
+    """Whether ``emit_json`` writes one line (``--format '{{json .}}'``) or indents."""
+    _ONE_LINE[0] = wanted
+
+
 def emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    if _ONE_LINE[0]:
+        sys.stdout.write(json.dumps(data, separators=(",", ":")) + "\n")
+    else:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
 def error(message: str, hint: str | None = None) -> None:

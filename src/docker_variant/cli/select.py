@@ -192,7 +192,7 @@ def ls_(
         str | None,
         typer.Option(
             "--format",
-            help="table (default), json (one variant a line) or a template of "
+            help="table (default), json or '{{json .}}' (one variant a line) or a template of "
             "{{.Rank}} {{.Label}} {{.Tag}} {{.Reference}} {{.Digest}} {{.Kind}} "
             "{{.Compatible}} {{.Platform}} {{.Reason}}, e.g. '{{.Tag}}\\t{{.Compatible}}'.",
         ),
@@ -202,8 +202,10 @@ def ls_(
     none fits."""
     from docker_variant.render import check_format, format_candidate
 
-    layout = check_format(format_) if format_ is not None else "table"
     opts = options_of(ctx)
+    if format_ is None and opts.json_lines:  # docker-variant --format '{{json .}}' ls
+        format_, opts.json = "json", False
+    layout = check_format(format_) if format_ is not None else "table"
     if (quiet and format_ is not None) or (opts.json and (quiet or format_ is not None)):
         raise InvalidInputError("give one of --json, --quiet and --format")
     opts, target, choice, selection = _selection(ctx, ref, index, platform, gpus)
