@@ -56,10 +56,13 @@ def write(tmp: Path, name: str, data: Any) -> str:
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, needle: str) -> None:
+    """The one error style: ``docker-variant: error: MESSAGE``, then a ``hint:`` at most."""
     assert result.returncode == code, result.stderr
     assert "Traceback" not in result.stderr
     assert needle in result.stderr
-    assert len([line for line in result.stderr.splitlines() if line.strip()]) >= 1
+    error, *rest = [line for line in result.stderr.splitlines() if line.strip()]
+    assert error.startswith("docker-variant: error: "), result.stderr
+    assert [line.split(" ", 1)[0] for line in rest] in ([], ["hint:"]), result.stderr
 
 
 @pytest.fixture
@@ -153,6 +156,13 @@ def test_no_compatible_variant_exits_1_with_every_reason(
     assert result.returncode == 1 and result.stdout == ""
     assert "cu128: no provider for namespace nvidia on this host" in result.stderr
     assert "npu: no provider for namespace furiosa" in result.stderr
+    # ls lists every variant with its reason, in each of its forms, and exits 1 as well
+    ls = ("ls", "--index", write(tmp_path, "i.json", doc), "--providers-file", files["arm"])
+    for form in ((), ("--json",), ("-q",), ("--format", "json"), ("--format", "{{.Tag}}")):
+        listed = run_cli(*ls, *form)
+        assert listed.returncode == 1, listed.stderr
+        assert listed.stderr == "docker-variant: error: no variant of the index fits this host\n"
+    assert "no provider for namespace nvidia" in run_cli(*ls).stdout
     # --json: resolve and pull --dry-run print every variant with its reason, and exit 1
     index = write(tmp_path, "i.json", doc)
     for command in (("resolve",), ("pull", "127.0.0.1:1/app:1.0.0", "--dry-run")):
@@ -207,6 +217,46 @@ def test_bad_input_exits_2(files: dict[str, str], tmp_path: Path) -> None:
         run_cli("providers", "--enable-provider", "nosuchns", tmp=tmp_path), 2, "nosuchns"
     )
     assert_one_line_error(run_cli("nosuchcommand"), 2, "nosuchcommand")
+
+
+def test_h_and_the_help_command_print_help_as_docker_and_uv_do() -> None:
+    """``-h`` is ``--help`` on the group and on every command, ``k8s``'s too; ``help`` and
+    ``help COMMAND`` print the same help, also as Docker runs the plugin."""
+    for args, usage in (
+        ((), "Usage: docker-variant [OPTIONS] COMMAND"),
+        (("ls",), "Usage: docker-variant ls [OPTIONS] [REF]"),
+        (("k8s",), "Usage: docker-variant k8s [OPTIONS] COMMAND"),
+        (("k8s", "claim"), "Usage: docker-variant k8s claim [OPTIONS] [REF]"),
+    ):
+        long = run_cli(*args, "--help")
+        for given in ((*args, "-h"), ("help", *args)):
+            short = run_cli(*given)
+            assert (short.returncode, short.stdout) == (0, long.stdout), short.stderr
+            assert usage in short.stdout
+    plugin = run_cli("variant", "help", "pull")
+    assert plugin.returncode == 0 and "Usage: docker variant pull [OPTIONS] REF" in plugin.stdout
+    assert_one_line_error(run_cli("help", "nosuch"), 2, "No such command 'nosuch'")
+
+
+def test_every_failure_is_one_error_style(files: dict[str, str], tmp_path: Path) -> None:
+    """A usage error (click's own would print the usage, then ``Error: ...``), bad input and
+    no compatible variant all start ``docker-variant: error:``; a usage error hints at help."""
+    unknown = run_cli("ls", "--nope")
+    assert unknown.returncode == 2
+    assert unknown.stderr.splitlines() == [
+        "docker-variant: error: No such option '--nope'. Did you mean '--index'?",
+        "hint: see 'docker-variant ls --help'",
+    ]
+    as_plugin = run_cli("variant", "nosuchcommand")
+    assert as_plugin.stderr.splitlines()[1] == "hint: see 'docker variant --help'"
+    doc = {"variants": {"npu": INDEX["variants"]["npu"]}, "images": {"npu": INDEX["images"]["npu"]}}
+    index = write(tmp_path, "npu.json", doc)
+    none = run_cli("resolve", "--index", index, "--providers-file", files["h200"])
+    assert none.returncode == 1
+    assert none.stderr.splitlines() == [
+        "docker-variant: error: no variant of the index fits this host:",
+        "  npu: no provider for namespace furiosa on this host",
+    ]
 
 
 def test_local_input_is_checked_before_the_engine_and_the_registry(
@@ -432,6 +482,47 @@ def test_the_plugin_answers_the_probe_itself_until_the_console_script_is_newer(
     assert calls.read_text().splitlines()[-1] == "docker-cli-plugin-metadata"
 
 
+def test_a_stale_plugin_mends_itself_and_a_broken_one_says_how_to_repair_it(
+    tmp_path: Path,
+) -> None:
+    """After a reinstall (a newer console script) the console script answers Docker's probe
+    once and rewrites the plugin script: the next probes start no Python again. Where the
+    console script is gone, the probe is still answered and a command says how to repair."""
+    bindir, plugins, calls = tmp_path / "bin", tmp_path / "plugins", tmp_path / "calls"
+    bindir.mkdir()
+    console = bindir / "docker-variant"  # the real CLI, logging each start
+    src = Path(__file__).resolve().parent.parent / "src"
+    console.write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\n'
+        f'PYTHONPATH={src} exec {sys.executable} -m docker_variant "$@"\n'
+    )
+    console.chmod(0o755)
+    env = {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    assert run_cli("install-plugin", "--dir", str(plugins), env=env).returncode == 0
+    plugin = plugins / "docker-variant"
+    os.utime(plugin, (1_000_000_000, 1_000_000_000))  # older: the console script was reinstalled
+
+    def probe() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(plugin), "docker-cli-plugin-metadata"], capture_output=True, text=True, check=True
+        )
+
+    expected = json.loads(run_cli("docker-cli-plugin-metadata").stdout)
+    assert json.loads(probe().stdout) == expected
+    assert calls.read_text() == "docker-cli-plugin-metadata\n"  # answered by Python, once
+    assert plugin.stat().st_mtime > console.stat().st_mtime  # and the script rewritten
+    assert json.loads(probe().stdout) == expected
+    assert calls.read_text() == "docker-cli-plugin-metadata\n"  # the script answers again
+    console.unlink()  # removed, or its venv moved
+    assert json.loads(probe().stdout) == expected  # Docker still lists the plugin
+    broken = subprocess.run([str(plugin), "variant", "ls"], capture_output=True, text=True)
+    assert broken.returncode == 4
+    assert broken.stderr.splitlines() == [
+        f"docker-variant: error: the plugin runs {console}, which is gone",
+        "hint: run `docker-variant install-plugin` with the docker-variant to use",
+    ]
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -477,6 +568,10 @@ def test_ls_quiet_and_format_as_docker_has_them(files: dict[str, str]) -> None:
     assert "npu: no provider for namespace furiosa on this host" in reasons
     rows = [json.loads(line) for line in run_cli(*ls, "--format", "json").stdout.splitlines()]
     assert [r["label"] for r in rows if r["compatible"]] == ["cu128", "cu126", "v3", "null", None]
+    for docker_json in ("{{json .}}", "{{ json . }}"):  # docker's spelling of the same
+        assert (
+            run_cli(*ls, "--format", docker_json).stdout == run_cli(*ls, "--format", "json").stdout
+        )
     assert all(r["reference"] == r["tag"] for r in rows)  # --index: no registry to name
     for bad, needle in (
         ("{{.Name}}", "'{{.Name}}' is not a placeholder"),
@@ -487,6 +582,44 @@ def test_ls_quiet_and_format_as_docker_has_them(files: dict[str, str]) -> None:
         assert_one_line_error(result, 2, needle)
         assert result.stdout == ""
     assert_one_line_error(run_cli(*ls, "-q", "--json"), 2, "give one of --json, --quiet")
+
+
+def test_the_chosen_variant_is_one_key_in_every_json(files: dict[str, str]) -> None:
+    """``ls --json``, ``resolve --json`` (when none fits) and ``pull --json`` name the chosen
+    variant ``chosen``, one object: its fields and its reference."""
+    given = ("--index", files["index"], "--providers-file", files["h200"], "--json")
+    listed = json.loads(run_cli("ls", *given).stdout)
+    ref = "reg.example:5000/app:1.0.0"
+    pulled = json.loads(run_cli("pull", ref, *given, "--dry-run").stdout)
+    assert "selected" not in listed
+    assert listed["chosen"]["label"] == "cu128" and listed["chosen"]["rank"] == 1
+    assert listed["chosen"]["reference"] == "1.0.0-cu128"  # --index alone: the tag
+    assert listed["variants"][0] == listed["chosen"]
+    assert pulled["chosen"] == listed["chosen"] | {"reference": f"{ref}-cu128"}
+
+
+def test_format_json_as_docker_takes_it_on_every_command_with_json(
+    files: dict[str, str],
+) -> None:
+    """``--format '{{json .}}'`` (or ``json``), before or after the command: the ``--json``
+    document on one line; ``ls``: one variant a line; anything else is exit 2 naming it."""
+    index, h200 = ("--index", files["index"]), ("--providers-file", files["h200"])
+    for command in (
+        ("providers", *h200),
+        ("resolve", *index, *h200),
+        ("labels", "--label", "v3", "--property", "x86_64 :: level :: v3"),
+        ("k8s", "node-labels", *h200),
+        ("pull", "reg.example/app:1.0.0", *index, *h200, "--dry-run"),
+    ):
+        expected = json.loads(run_cli(*command, "--json").stdout)
+        for args in ((*command, "--format", "{{json .}}"), ("--format", "json", *command)):
+            done = run_cli(*args)
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.count("\n") == 1 and json.loads(done.stdout) == expected
+    lines = run_cli("--format", "{{ json . }}", "ls", *index, *h200).stdout.splitlines()
+    assert [json.loads(line)["tag"] for line in lines][:2] == ["1.0.0-cu128", "1.0.0-cu126"]
+    bad = run_cli("providers", *h200, "--format", "{{.Tag}}")
+    assert_one_line_error(bad, 2, "'{{.Tag}}': this command's --format takes json or '{{json .}}'")
 
 
 def test_pull_quiet_prints_the_reference_alone(files: dict[str, str]) -> None:

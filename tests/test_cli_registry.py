@@ -1,5 +1,6 @@
 """`ls`/`resolve` on a registry that needs credentials: they come from Docker's config.json,
-and a refusal or a dead registry is exit 3 with one line (docs/reference/cli.md)."""
+and a refusal, an unknown repository or tag and a dead registry are exit 3, each saying which
+(docs/reference/cli.md)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,20 @@ def test_credentials_from_docker_config(
         refused = run_cli("ls", *given, env={"DOCKER_CONFIG": str(config)}, tmp=tmp_path)
         assert refused.returncode == 3, refused.stderr
         assert "401" in refused.stderr and "Traceback" not in refused.stderr
-        assert len(refused.stderr.strip().splitlines()) == 1
+        # the one error style, and what to do about it
+        error, hint = refused.stderr.splitlines()
+        assert error.startswith("docker-variant: error: unauthorized: "), error
+        assert (
+            hint
+            == f"hint: run `docker login {private.host}` (credentials come from Docker's config.json)"
+        )
+    # an unknown repository and an unknown tag: "not found", never "unreachable"
+    in_good = {"DOCKER_CONFIG": str(good)}
+    for missing in (f"{private.host}/cli/nosuchapp:1.0.0", f"{private.host}/cli/app:9.9.9"):
+        result = run_cli("resolve", "--providers-file", str(providers), missing, env=in_good)
+        assert result.returncode == 3, result.stderr
+        assert result.stderr.startswith("docker-variant: error: not found: "), result.stderr
+        assert "unreachable" not in result.stderr and len(result.stderr.splitlines()) == 1
 
     private.service.stop()
     down = run_cli(
@@ -70,3 +84,4 @@ def test_credentials_from_docker_config(
         tmp=tmp_path,
     )
     assert down.returncode == 3 and "unreachable" in down.stderr and "Traceback" not in down.stderr
+    assert down.stderr.startswith("docker-variant: error: ") and "not found" not in down.stderr

@@ -129,3 +129,19 @@ def test_tags_outside_the_grammar_are_never_offered(monkeypatch: pytest.MonkeyPa
         "127.0.0.1:9/app:2.12.0-cu128",
     ]
     assert complete_reference("127.0.0.1:9/app") == []  # a repository is never listed
+
+
+def test_completion_scripts_asked_through_docker_are_docker_variants(tmp_path: Path) -> None:
+    """``docker variant --install-completion`` once wrote ``complete ... docker variant`` with
+    ``_DOCKER VARIANT_COMPLETE``, which breaks Docker's own completion in every new shell: a
+    script is only ever for the ``docker-variant`` command."""
+    shown = run_cli("variant", "--show-completion", "bash")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.rstrip().endswith("_docker_variant_completion docker-variant")
+    assert "docker variant" not in shown.stdout and "_DOCKER VARIANT" not in shown.stdout
+    assert "completes through Docker's own completion" in shown.stderr
+    installed = run_cli("variant", "--install-completion", "bash", env={"HOME": str(tmp_path)})
+    assert installed.returncode == 0, installed.stderr
+    written = "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())
+    assert "docker-variant" in written
+    assert "docker variant" not in written and "_DOCKER VARIANT" not in written

@@ -8,13 +8,14 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import devstack
+from conftest import RunningRegistry
 from docker_variant.providers.nvidia import nvidia_features
 
 pytestmark = pytest.mark.e2e
@@ -161,7 +162,7 @@ def test_pull_chooses_per_host_and_tags_both_ways(
     result = stack.docker("variant", "pull", "--providers-file", stack.host_file(host), app_ref)
     assert result.returncode == 0, result.stderr
     assert (
-        result.stdout.strip()
+        result.stdout.splitlines()[0]
         == f'Selected variant "{label}" of {app_ref.rsplit(":", 1)[0]} version 1.0.0'
     )
     variant_ref = f"{app_ref}-{label}"
@@ -185,6 +186,30 @@ def test_a_second_pull_moves_ref_to_its_own_choice(stack: Stack, app_ref: str) -
         chosen = stack.image_id(f"{app_ref}-{label}")
         assert chosen is not None and stack.image_id(app_ref) == chosen
     assert stack.image_id(f"{app_ref}-v3") not in (None, stack.image_id(app_ref))
+
+
+def test_a_repeated_pull_says_up_to_date_and_leaves_no_untagged_image(
+    stack: Stack, app_ref: str
+) -> None:
+    """As ``docker pull``: ``Status: Downloaded newer image for REF`` when layers came,
+    ``Status: Image is up to date for REF`` when nothing did, and no ``<none>`` left."""
+    stack.forget(stack.registry.address, "e2e/app")
+    pull = ("variant", "pull", "--providers-file", stack.host_file("h200"), app_ref)
+    variant_ref = f"{app_ref}-cu128"
+    statuses = []
+    for _ in range(3):
+        done = stack.docker(*pull, check=True)
+        statuses.append(done.stdout.splitlines()[-1])
+    assert statuses == [
+        f"Status: Downloaded newer image for {variant_ref}",
+        f"Status: Image is up to date for {variant_ref}",
+        f"Status: Image is up to date for {variant_ref}",
+    ]
+    listing = stack.docker(
+        "images", "--format", "{{.Repository}}:{{.Tag}}", app_ref.rsplit(":", 1)[0], check=True
+    )
+    assert sorted(listing.stdout.split()) == sorted([app_ref, variant_ref]), listing.stdout
+    assert stack.docker("images", "-q", "--filter", "dangling=true").stdout == ""
 
 
 def test_pull_as_this_host_agrees_with_resolve(stack: Stack, app_ref: str) -> None:
@@ -300,7 +325,26 @@ def test_push_refuses_bad_labels(stack: Stack) -> None:
     tags = stack.run("curl", "-s", f"{stack.registry.url}/v2/e2e/refused/tags/list").stdout
     assert "1.0.0" not in tags, "nothing was pushed"
     missing = stack.docker("variant", "push", f"{stack.registry.address}/e2e/refused:9.9.9")
-    assert missing.returncode == 2 and "no such local image" in missing.stderr
+    # a missing image, local or in a registry, is exit 3 and says "not found"
+    assert missing.returncode == 3 and "no such local image" in missing.stderr
+    assert missing.stderr.startswith("docker-variant: error: not found: ")
+    absent = stack.docker("variant", "inspect", "--local", "e2e/nosuchimage:1")
+    assert absent.returncode == 3 and "no such local image" in absent.stderr, absent.stderr
+
+
+def test_a_refused_push_says_unauthorized_and_hints_at_docker_login(
+    stack: Stack, htpasswd_registry: Callable[[Mapping[str, str]], RunningRegistry]
+) -> None:
+    """The engine's "no basic auth credentials" is a refusal, not "unreachable"."""
+    private = htpasswd_registry({"alice": "wonderland"})
+    ref = f"{private.host}/e2e/private:1.0.0"
+    stack.build(ref, None, "private\n")
+    refused = stack.docker("variant", "push", ref)
+    assert refused.returncode == 3, refused.stderr
+    error, hint = refused.stderr.splitlines()
+    assert error.startswith("docker-variant: error: unauthorized: push "), error
+    assert "no basic auth credentials" in error
+    assert hint.startswith(f"hint: run `docker login {private.host}`")
 
 
 def test_faults_exit_3_with_a_clear_message(stack: Stack, app_ref: str) -> None:

@@ -119,13 +119,13 @@ def test_a_log_or_pipe_gets_one_plain_line_per_finished_layer() -> None:
         {"status": "Digest: sha256:" + "a" * 64},
         {"status": "Status: Downloaded newer image for e2e/app:1.0.0-cu128"},
     ]
-    with LayerLines("pull", out) as lines:
+    with LayerLines("pull", out, "e2e/app:1.0.0-cu128") as lines:
         for event in events:
             lines(event)
     assert out.getvalue() == (
-        "pull 621222cd8430: Already exists\n"
-        "pull 5d0aeceef7ee: Pull complete\n"
-        "pull [bold]\\x1b]0;t\\x07: Pull complete\n"
+        "pull e2e/app:1.0.0-cu128 layer 621222cd8430: Already exists\n"
+        "pull e2e/app:1.0.0-cu128 layer 5d0aeceef7ee: Pull complete\n"
+        "pull e2e/app:1.0.0-cu128 layer [bold]\\x1b]0;t\\x07: Pull complete\n"
     )
 
 

@@ -176,7 +176,7 @@ def test_without_gpus_ls_chooses_for_every_gpu_as_docker_run_gpus_all(
     )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
-    assert data["selected"]["label"] == "cu126fat"
+    assert data["chosen"]["label"] == "cu126fat"
     assert data["gpus"] == ["0 (sm 9.0: H100, H200, GH200)", "1 (sm 8.9: L4, L40S, RTX 40)"]
     reasons = {c["label"]: c.get("reason") for c in data["variants"] if not c["compatible"]}
     assert reasons["cu128sm90"].startswith(f"does not fit device 1 ({L4_UUID}): nvidia :: sm_arch")
@@ -231,7 +231,7 @@ def test_providers_names_each_amd_device_and_ls_notes_partial_fits(
     assert "amd device 0000:0c:00.0: gfx1100 (Radeon RX 7900" in done.stdout
     done = run_cli("--host-root", root, "ls", "--index", files["amd_set"], "--json", tmp=tmp_path)
     data = json.loads(done.stdout)
-    assert data["selected"]["label"] == "null"  # neither build runs on both GPUs
+    assert data["chosen"]["label"] == "null"  # neither build runs on both GPUs
     (gfx1100,) = [c for c in data["variants"] if c["label"] == "rocm63gfx1100"]
     assert gfx1100["reason"].startswith(
         "does not fit device 0 (0000:03:00.0): amd :: gfx_arch needs one of gfx1100"
@@ -284,7 +284,7 @@ def test_mixed_host_pull_says_which_gpus_it_chose_for(tmp_path: Path) -> None:
     )
     done = run_cli("--json", *base, tmp=tmp_path)
     data = json.loads(done.stdout)
-    assert (data["label"], data["chosen"]) == ("cu126", "reg.example/app:2.12.0-cu126")
+    assert (data["label"], data["chosen"]["reference"]) == ("cu126", "reg.example/app:2.12.0-cu126")
     assert len(data["gpus"]) == 2
 
 
@@ -292,7 +292,7 @@ def test_mixed_host_ls_marks_cu128_as_not_running_on_the_l4(tmp_path: Path) -> N
     done = run_cli("--providers-file", MIXED, "ls", "--index", PYTORCH, "--json", tmp=tmp_path)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
-    assert data["selected"]["label"] == "cu126"
+    assert data["chosen"]["label"] == "cu126"
     (cu128,) = [c for c in data["variants"] if c["label"] == "cu128"]
     assert not cu128["compatible"]
     assert cu128["reason"].startswith(f"does not fit device 1 ({L4_UUID})")
@@ -303,7 +303,7 @@ def test_mixed_host_ls_marks_cu128_as_not_running_on_the_l4(tmp_path: Path) -> N
         "--providers-file", MIXED, "ls", "--index", PYTORCH, "--gpus", "device=0", "--json",
         tmp=tmp_path,
     )  # fmt: skip
-    assert json.loads(narrowed.stdout)["selected"]["label"] == "cu128"
+    assert json.loads(narrowed.stdout)["chosen"]["label"] == "cu128"
 
 
 def test_a_host_whose_gpus_are_alike_chooses_as_before(tmp_path: Path) -> None:

@@ -184,7 +184,7 @@ def test_docker_variant_pull_as_h200_gets_cu128(published: Published) -> None:
         "docker", "variant", "pull", "--providers-file", str(host), published.ref, check=True
     )
     assert (
-        done.stdout.strip()
+        done.stdout.splitlines()[0]
         == f'Selected variant "cu128" of {published.registry}/pub/app version 1.0.0'
     )
     got = published.inspect(published.ref, "{{.Id}}")
@@ -280,10 +280,31 @@ def test_labels_inherited_from_a_variant_base_image_are_refused_before_a_push(
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     line = done.stderr.strip().splitlines()[-1]  # after the build's progress lines
-    assert line.startswith("docker-variant: variant[1] (cu126): ")
+    assert line.startswith("docker-variant: error: variant[1] (cu126): ")
     assert "dev.pep817.variant.nvidia.sm_arch='90_real'" in line
     tags = httpx.get(f"http://{published.registry}/v2/pub/inherit/tags/list")
     assert tags.status_code == 404  # nothing was pushed
+
+
+def test_build_push_in_a_log_writes_plain_lines_that_name_their_image(
+    published: Published,
+) -> None:
+    """stderr to a file or a pipe: no bar glyphs; the build's outcome and each pushed layer on
+    a line of its own that names the image (the layers exist already: all alike otherwise)."""
+    done = published.run(
+        "docker", "variant", "build", "--matrix", str(published.root / "matrix.toml"), "--push",
+        published.ref, str(published.root / "context"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert not any(glyph in done.stderr for glyph in "━╸╺"), done.stderr
+    for label in ("cpu", "cu126", "cu128", "v3"):
+        assert f"build 1.0.0-{label}: built" in lines
+    layers = [line for line in lines if line.startswith("push ")]
+    assert layers and all(": Layer already exists" in line for line in layers), layers
+    images = {line.split(" ")[1] for line in layers}
+    assert images == {f"{published.ref}-{label}" for label in ("cpu", "cu126", "cu128", "v3")}
+    assert all(line.split(" ")[2] == "layer" for line in layers)
 
 
 def test_a_variant_pushed_after_publish_is_told_to_publish_again(published: Published) -> None:

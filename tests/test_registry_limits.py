@@ -98,7 +98,7 @@ def test_a_bad_limit_is_bad_input(
     done = _ls(fake_upstream, tmp_path, {name: value})
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == (
-        f"docker-variant: {name}={value!r}: "
+        f"docker-variant: error: {name}={value!r}: "
         + (
             "expected seconds above 0, such as 60 or 2.5"
             if name.endswith("TIMEOUT")

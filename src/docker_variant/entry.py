@@ -19,7 +19,13 @@ import os
 import sys
 
 from docker_variant.errors import EXIT_BROKEN_PIPE
-from docker_variant.pluginmeta import PLUGIN_METADATA_JSON, VERSION_LINE
+from docker_variant.pluginmeta import (
+    PLUGIN_METADATA_JSON,
+    SHIM_EXE_VARIABLE,
+    SHIM_VARIABLE,
+    VERSION_LINE,
+    refresh_plugin_script,
+)
 
 #: Optional imports that libraries make whenever the package is installed, and that this
 #: process never uses. Each library falls back cleanly when the import fails, which a ``None``
@@ -76,6 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["docker-cli-plugin-metadata"]:
         sys.stdout.write(PLUGIN_METADATA_JSON + "\n")
+        script, executable = os.environ.get(SHIM_VARIABLE), os.environ.get(SHIM_EXE_VARIABLE)
+        if script and executable:  # asked through a plugin script that went stale
+            refresh_plugin_script(script, executable)
         return
     if args == ["--version"]:  # as cheap as the probe (tests/test_startup_imports.py)
         sys.stdout.write(VERSION_LINE)

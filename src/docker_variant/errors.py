@@ -32,9 +32,11 @@ EXIT_BROKEN_PIPE = 141
 
 
 class DockerVariantError(Exception):
-    """Base of every error docker-variant raises on purpose."""
+    """Base of every error docker-variant raises on purpose. ``hint``, when set, is what
+    the user may do about it (the CLI prints it on a ``hint:`` line after the error)."""
 
     exit_code = 4  # an internal error; 1 (no compatible variant) is decided by the CLI
+    hint: str | None = None
 
 
 class InvalidInputError(DockerVariantError):
@@ -48,3 +50,19 @@ class UnreachableError(DockerVariantError):
     """A registry, proxy or Docker engine could not be reached or answered garbage."""
 
     exit_code = 3
+
+
+class MissingError(UnreachableError):
+    """What was asked for does not exist: an unknown repository or tag in a registry, a
+    missing local image (exit 3, as docs/reference/cli.md says; the message says "not
+    found", so that it is told apart from a registry that cannot be reached)."""
+
+
+class UnauthorizedError(UnreachableError):
+    """A registry refused the credentials, or their absence (exit 3; the message says
+    "unauthorized", the hint names ``docker login``)."""
+
+
+def login_hint(registry: str) -> str:
+    """The hint of an ``UnauthorizedError`` from ``registry`` (``host[:port]``)."""
+    return f"run `docker login {registry}` (credentials come from Docker's config.json)"

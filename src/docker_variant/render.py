@@ -7,7 +7,7 @@ need it.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from docker_variant.errors import InvalidInputError
@@ -65,14 +65,19 @@ FORMAT_FIELDS = ("Rank", "Label", "Tag", "Reference", "Digest", "Kind", "Compati
                  "Platform", "Reason")  # fmt: skip
 # one quantifier only: linear on hostile text; the field's spaces are stripped in Python
 _PLACEHOLDER = re.compile(r"\{\{([^{}]*)\}\}")
+#: ``{{json .}}``, as ``docker image ls --format`` takes it (spaces inside the braces free)
+_JSON_TEMPLATE = re.compile(r"\{\{ *json +\. *\}\}")
 
 
 def check_format(template: str) -> str:
-    """An ``ls --format`` template: ``table`` (the default), ``json`` (one object a line) or
+    """An ``ls --format`` template: ``table`` (the default), ``json`` or ``{{json .}}`` (one
+    object a line) or
     text with ``{{.Field}}`` placeholders and ``\\t``/``\\n``; anything else in ``{{ }}``
     (Go template logic) is refused, naming it."""
     if template in ("table", "json"):
         return template
+    if _JSON_TEMPLATE.fullmatch(template):  # docker's spelling of json: one object a line
+        return "json"
     for found in _PLACEHOLDER.finditer(template):
         field = found.group(1).strip()
         if not field.startswith(".") or field[1:] not in FORMAT_FIELDS:
@@ -108,12 +113,20 @@ def format_candidate(template: str, candidate: Candidate, reference: str | None)
     )
 
 
-def selection_json(selection: Selection, reference: str | None) -> dict[str, Any]:
+def selection_json(
+    selection: Selection, reference: str | None, reference_of: Callable[[str], str]
+) -> dict[str, Any]:
+    """REF, the ``chosen`` variant (``None`` when none fits) and every variant, each with
+    its ``reference`` (``reference_of`` its tag): ``chosen`` as in ``pull --json``."""
+
+    def entry(candidate: Candidate) -> dict[str, Any]:
+        return candidate_json(candidate) | {"reference": reference_of(candidate.tag)}
+
     best = selection.best
     return {
         "reference": reference,
-        "selected": candidate_json(best) if best else None,
-        "variants": [candidate_json(c) for c in selection.candidates],
+        "chosen": entry(best) if best else None,
+        "variants": [entry(c) for c in selection.candidates],
     }
 
 

@@ -1,7 +1,9 @@
 """The typer application: its global options, its commands and ``main``.
 
-Exit codes: 0 done; 1 no compatible variant; 2 bad input; 3 registry or engine unreachable;
-4 internal error. Errors are one line on stderr, never a traceback.
+Exit codes: 0 done; 1 no compatible variant; 2 bad input; 3 registry or engine unreachable,
+or what was asked for not found or refused; 4 internal error. An error is one line on stderr,
+``docker-variant: error: ...`` (then a ``hint: ...`` line where there is one), never a
+traceback.
 """
 
 from __future__ import annotations
@@ -25,18 +27,33 @@ from docker_variant.cli.options import (
     DescriptorsOpt,
     EnableOpt,
     HostRootOpt,
+    JsonFormatOpt,
     JsonOpt,
     Options,
     ProvidersFileOpt,
     after_command,
     options_of,
 )
-from docker_variant.cli.output import broken_pipe
-from docker_variant.errors import DockerVariantError
+from docker_variant.cli.output import broken_pipe, error, json_on_one_line, warn
+from docker_variant.errors import DockerVariantError, MissingError, UnauthorizedError
 from docker_variant.pluginmeta import COMPLETION_COMMANDS, VERSION_LINE
-from docker_variant.safetext import safe_text
 
 __all__ = ["app", "main"]
+
+
+def help_(
+    ctx: typer.Context,
+    command: Annotated[
+        list[str] | None, typer.Argument(help="The command, e.g. pull or k8s claim.")
+    ] = None,
+) -> None:
+    """Show the help of docker-variant, or of COMMAND (as COMMAND --help)."""
+    root = ctx.find_root()
+    root.command.main([*(command or []), "--help"], prog_name=root.info_name, standalone_mode=False)
+
+
+#: ``-h`` as well as ``--help``, as docker, uv and pip take it; sub-commands inherit it.
+HELP_SETTINGS = {"help_option_names": ["-h", "--help"]}
 
 #: The commands, in the order help lists them (then ``k8s``).
 COMMANDS: dict[str, Callable[..., None]] = {
@@ -50,6 +67,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "publish": publish.publish,
     "build": publish.build,
     "install-plugin": plugin.install_plugin,
+    "help": help_,
 }
 
 
@@ -69,6 +87,7 @@ def _taking_global_options(callback: Callable[..., Any]) -> Callable[..., Any]:
             kwargs.pop(name, None)
         ctx.obj = after_command(options_of(ctx), given)
         ctx.obj.use_tls()
+        json_on_one_line(ctx.obj.json_lines)
         try:
             return callback(**kwargs)
         except BrokenPipeError:  # before click, which would make it exit 1
@@ -98,11 +117,16 @@ class _Commands(TyperGroup):
                 self._add_global_options(sub)
             return
         assert command.callback is not None
-        command.params.extend(p for p in self.params if p.name in GLOBAL_OPTIONS)
+        # a command's own option of the same name wins (ls's --format takes templates too)
+        own = {opt for param in command.params for opt in param.opts}
+        command.params.extend(
+            p for p in self.params if p.name in GLOBAL_OPTIONS and not own.intersection(p.opts)
+        )
         command.callback = _taking_global_options(command.callback)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return [*COMMANDS, *super().list_commands(ctx)]
+        # a command of COMMANDS is added once made: ``help``'s listing would name it twice
+        return [*COMMANDS, *(name for name in super().list_commands(ctx) if name not in COMMANDS)]
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = super().get_command(ctx, cmd_name)
@@ -122,6 +146,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=True,  # --install-completion, --show-completion (bash, zsh, fish)
     cls=_Commands,
+    context_settings=HELP_SETTINGS,
 )
 
 
@@ -147,6 +172,7 @@ VersionOpt = Annotated[
 def global_options(
     ctx: typer.Context,
     json_: JsonOpt = False,
+    json_format: JsonFormatOpt = None,
     providers_file: ProvidersFileOpt = None,
     enable: EnableOpt = None,
     host_root: HostRootOpt = None,
@@ -158,12 +184,14 @@ def global_options(
 ) -> None:
     """The global options (see ``cli.options``), before the command; ``_Commands`` gives
     each command these parameters too, for after it."""
+    lines = json_format is not None
     ctx.obj = Options(
-        json_,
+        json_ or lines,
         providers_file,
         list(enable or []),
         host_root,
         descriptors,
+        lines,
         ca_file,
         client_cert,
         client_key,
@@ -184,29 +212,64 @@ def main(argv: list[str] | None = None) -> None:
     if (as_plugin := plugin.plugin_args(args)) is not None:  # run by the Docker CLI
         args, env = as_plugin
         os.environ.update(env)
-        prog = "docker variant"
+        prog = _plugin_prog(args)
     try:
         code = app(args=args, prog_name=prog, standalone_mode=False)
     except BrokenPipeError:
         broken_pipe()
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        sys.stderr.write("docker-variant: interrupted\n")
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        error("interrupted")
         sys.exit(130)
-    except click.exceptions.ClickException as exc:  # usage errors: bad option, unknown command
+    except click.exceptions.NoArgsIsHelpError as exc:  # the bare command: its help
         exc.show()
         sys.exit(2)
+    except click.exceptions.ClickException as exc:  # usage errors: bad option, unknown command
+        error(*_usage_error(exc))
+        sys.exit(2)
     except DockerVariantError as exc:
-        # a value quoted in a message may hold a newline (a fuzzed index key did) or a
-        # terminal escape: shown as escapes, the message stays one line and harmless
-        sys.stderr.write(f"docker-variant: {safe_text(exc, markup=False)}\n")
+        error(_error_message(exc), exc.hint)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        sys.stderr.write("docker-variant: interrupted\n")
-        sys.exit(130)
     except Exception as exc:  # a bug: still one line, never a traceback
-        message = safe_text(exc, markup=False)
-        sys.stderr.write(f"docker-variant: internal error: {type(exc).__name__}: {message}\n")
+        error(f"internal error: {type(exc).__name__}: {exc}")
         sys.exit(4)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+#: typer's options that write a completion script for the program's name.
+_COMPLETION_SCRIPT_OPTIONS = ("--install-completion", "--show-completion")
+
+
+def _plugin_prog(args: list[str]) -> str:
+    """The program's name as Docker runs the plugin: ``docker variant``, but for typer's
+    completion scripts, which are ``docker-variant``'s. Written for ``docker variant``, a
+    script would name the command ``docker variant`` (``complete ... docker variant``,
+    ``_DOCKER VARIANT_COMPLETE``) and break Docker's own completion in every new shell;
+    ``docker variant <TAB>`` goes through Docker's completion, which asks ``__complete``."""
+    if not any(arg.startswith(_COMPLETION_SCRIPT_OPTIONS) for arg in args):
+        return "docker variant"
+    warn(
+        "the completion script is docker-variant's; `docker variant <TAB>` completes "
+        "through Docker's own completion, which asks docker-variant (nothing to install)"
+    )
+    return "docker-variant"
+
+
+def _error_message(exc: DockerVariantError) -> str:
+    """``exc``'s message, said to be "not found" or "unauthorized" where it is: a registry
+    that cannot be reached, an unknown tag and refused credentials all exit 3, and the
+    message tells them apart."""
+    if isinstance(exc, MissingError):
+        return f"not found: {exc}"
+    if isinstance(exc, UnauthorizedError):
+        return f"unauthorized: {exc}"
+    return str(exc)
+
+
+def _usage_error(exc: click.exceptions.ClickException) -> tuple[str, str | None]:
+    """Click's usage error as the message and hint of ``output.error`` (click's own shows
+    the usage line, then ``Error: ...``)."""
+    ctx = exc.ctx if isinstance(exc, click.exceptions.UsageError) else None
+    hint = f"see '{ctx.command_path} --help'" if ctx is not None else None
+    return exc.format_message(), hint

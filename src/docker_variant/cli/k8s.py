@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from docker_variant.cli.options import IndexOpt, options_of
-from docker_variant.cli.output import emit_json, warn
+from docker_variant.cli.output import emit_json, error, warn
 from docker_variant.cli.select import Target, target_of
 from docker_variant.safetext import safe_text
 from docker_variant.vendors import nvidia
@@ -92,9 +92,7 @@ def k8s_claim(
     for warning in plan.warnings:
         warn(warning)
     if not plan.subrequests:
-        sys.stderr.write(
-            f"docker-variant: no variant of {target.describe()} can be asked of a device:\n"
-        )
+        error(f"no variant of {target.describe()} can be asked of a device:")
         for label, why in plan.left_out.items():
             sys.stderr.write(safe_text(f"  {label}: {why}", markup=False) + "\n")
         for invalid in target.index.invalid:
@@ -319,9 +317,9 @@ def k8s_gang(
     state = read_cluster(cluster_objects(documents))
     found = plan_gang(target.index, state, pods, count)
     if isinstance(found, Refusal):
-        sys.stderr.write(
-            f"docker-variant: no variant of {target.describe()} fits a gang of {pods} pods "
-            f"with {count} free device{'s' if count > 1 else ''} each now:\n"
+        error(
+            f"no variant of {target.describe()} fits a gang of {pods} pods "
+            f"with {count} free device{'s' if count > 1 else ''} each now:"
         )
         for label, why in sorted(found.reasons.items()):
             sys.stderr.write(safe_text(f"  {label}: {why}", markup=False) + "\n")

@@ -10,6 +10,7 @@ named in ``GLOBAL_OPTIONS``, and its merge in ``after_command``.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ __all__ = [
     "GpusOpt",
     "HostRootOpt",
     "IndexOpt",
+    "JsonFormatOpt",
     "JsonOpt",
     "NoVerifyOpt",
     "Options",
@@ -51,6 +53,7 @@ class Options:
     enable_provider: list[str] = field(default_factory=list)
     host_root: Path | None = None
     descriptors: Path | None = None
+    json_lines: bool = False  # --format '{{json .}}': the JSON on one line (implies json)
     # what registries and --index URLs are trusted with besides the system's CAs and
     # certs.d, and the client certificate presented when one asks (mutual TLS)
     ca_file: Path | None = None
@@ -85,6 +88,29 @@ GLOBAL_PANEL = "Global options"
 
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Machine-readable output.", rich_help_panel=GLOBAL_PANEL)
+]
+#: What ``--format`` takes on every command: Docker's ``{{json .}}`` (spaces inside the braces
+#: free) or ``json``. ``ls`` has its own ``--format``, which takes templates too.
+_JSON_FORMAT = re.compile(r"json|\{\{ *json +\. *\}\}")
+
+
+def _json_format(value: str | None) -> str | None:
+    if value is not None and not _JSON_FORMAT.fullmatch(value):
+        raise click.BadParameter(
+            f"{value!r}: this command's --format takes json or '{{{{json .}}}}' (the --json "
+            "output on one line; ls also takes a template)"
+        )
+    return value
+
+
+JsonFormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--format",
+        callback=_json_format,
+        rich_help_panel=GLOBAL_PANEL,
+        help="json or '{{json .}}', as docker takes it: the --json output, on one line.",
+    ),
 ]
 ProvidersFileOpt = Annotated[
     Path | None,
@@ -178,6 +204,7 @@ GLOBAL_OPTIONS = (
     "enable",
     "host_root",
     "descriptors",
+    "json_format",
     "ca_file",
     "client_cert",
     "client_key",
@@ -191,12 +218,14 @@ def _path(value: Any) -> Path | None:
 def after_command(base: Options, given: Mapping[str, Any]) -> Options:
     """``base`` (the options given before the command) with those ``given`` after it, by
     parameter name: a value given after the command wins, ``--enable-provider`` adds."""
+    json_lines = base.json_lines or given.get("json_format") is not None
     return Options(
-        json=base.json or bool(given.get("json_")),
+        json=base.json or bool(given.get("json_")) or json_lines,
         providers_file=_path(given.get("providers_file")) or base.providers_file,
         enable_provider=[*base.enable_provider, *(given.get("enable") or [])],
         host_root=_path(given.get("host_root")) or base.host_root,
         descriptors=_path(given.get("descriptors")) or base.descriptors,
+        json_lines=json_lines,
         ca_file=_path(given.get("ca_file")) or base.ca_file,
         client_cert=_path(given.get("client_cert")) or base.client_cert,
         client_key=_path(given.get("client_key")) or base.client_key,

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 __all__ = [
     "broken_pipe",
     "emit_json",
+    "error",
+    "json_on_one_line",
     "layer_progress",
     "stderr_console",
     "stderr_is_terminal",
@@ -74,8 +76,30 @@ def stderr_console() -> Console:
     return _console(stderr=True)
 
 
+#: ``--format '{{json .}}'``: JSON on one line, as docker writes it (``json_on_one_line``).
+_ONE_LINE: list[bool] = [False]
+
+
+def json_on_one_line(wanted: bool) -> None:
+    """Whether ``emit_json`` writes one line (``--format '{{json .}}'``) or indents."""
+    _ONE_LINE[0] = wanted
+
+
 def emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    if _ONE_LINE[0]:
+        sys.stdout.write(json.dumps(data, separators=(",", ":")) + "\n")
+    else:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def error(message: str, hint: str | None = None) -> None:
+    """The one style of every failure: ``docker-variant: error: MESSAGE`` on stderr, then
+    ``hint: HINT`` where there is something to do about it. ``message`` may quote outside
+    text (a fuzzed index key held a newline, a registry may send a terminal escape): shown
+    as escapes, it stays one line and harmless."""
+    sys.stderr.write(f"docker-variant: error: {safe_text(message, markup=False)}\n")
+    if hint:
+        sys.stderr.write(f"hint: {safe_text(hint, markup=False)}\n")
 
 
 def warn(message: str) -> None:
@@ -99,11 +123,11 @@ def stderr_is_terminal() -> bool:
 
 
 def layer_progress(
-    action: str, *, shown: bool = True
+    action: str, image: str, *, shown: bool = True
 ) -> contextlib.AbstractContextManager[Callable[[dict[str, Any]], None]]:
-    """What takes the engine's events of a pull or push: rich bars on a terminal; in a log
-    or pipe, one plain line per layer when it is done (no rich loaded); nothing when not
-    ``shown`` (``--json``)."""
+    """What takes the engine's events of a pull or push of ``image``: rich bars on a
+    terminal; in a log or pipe, one plain line per layer when it is done, naming the image
+    (no rich loaded); nothing when not ``shown`` (``--json``)."""
     if not shown:
         return contextlib.nullcontext(lambda event: None)
     if stderr_is_terminal():
@@ -112,4 +136,4 @@ def layer_progress(
         return LayerProgress(action, console=stderr_console())
     from docker_variant.docker.events import LayerLines
 
-    return LayerLines(action, sys.stderr)
+    return LayerLines(action, sys.stderr, image)

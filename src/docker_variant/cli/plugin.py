@@ -1,14 +1,13 @@
 """``install-plugin``: make ``docker variant ...`` run this ``docker-variant``.
 
-The plugin is a small shell script. Docker runs it twice per command: first with
-``docker-cli-plugin-metadata`` (the probe), then with the command. The script answers the
-probe itself, without starting Python, for as long as the console script is not newer than
-the script (an upgrade rewrites it: the probe then goes to ``docker_variant.entry``, which
-answers with the new version)."""
+The plugin is a small shell script (``pluginmeta.plugin_script``). Docker runs it twice per
+command: first with ``docker-cli-plugin-metadata`` (the probe), then with the command. The
+script answers the probe itself, without starting Python, for as long as the console script
+is not newer than the script; after a reinstall the probe goes to ``docker_variant.entry``
+once, which answers with the new version and rewrites the script."""
 
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -16,7 +15,7 @@ from typing import Annotated
 import typer
 
 from docker_variant.errors import InvalidInputError
-from docker_variant.pluginmeta import PLUGIN_METADATA_JSON, PLUGIN_NAME
+from docker_variant.pluginmeta import PLUGIN_NAME, plugin_script
 
 __all__ = ["install_plugin", "plugin_args", "plugin_script"]
 
@@ -69,22 +68,6 @@ def plugin_args(args: list[str]) -> tuple[list[str], dict[str, str]] | None:
     if at >= len(args):
         return None
     return args[at + 1 :], env
-
-
-def plugin_script(executable: Path) -> str:
-    """The plugin: answers Docker's metadata probe while ``executable`` is not newer than
-    the script, and runs ``executable`` with its arguments otherwise."""
-    command = shlex.quote(str(executable))
-    # the JSON holds no single quote (pluginmeta.PLUGIN_METADATA_JSON), so it quotes as it is
-    return (
-        "#!/bin/sh\n"
-        "# Written by `docker-variant install-plugin`: Docker CLI plugin for docker-variant.\n"
-        f'if [ "$1" = docker-cli-plugin-metadata ] && ! [ {command} -nt "$0" ]; then\n'
-        f"  echo '{PLUGIN_METADATA_JSON}'\n"
-        "  exit 0\n"
-        "fi\n"
-        f'exec {command} "$@"\n'
-    )
 
 
 def install_plugin(

@@ -114,7 +114,7 @@ def push(
             show_progress=not opts.json,
             warn=warn,
         )
-        with layer_progress("push", shown=not opts.json) as progress:
+        with layer_progress("push", ref, shown=not opts.json) as progress:
             reference, variant = push_image(engine, ref, progress)
     label = variant.label if variant else None
     version = reference.tag[: -len(label) - 1] if label and reference.tag else reference.tag
@@ -214,6 +214,7 @@ def build(
         console=stderr_console(),
         show_progress=not opts.json,
         warn=warn,
+        layer_progress=layer_progress,
     )
     published = report.published
     if opts.json:

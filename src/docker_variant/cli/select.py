@@ -11,7 +11,13 @@ import typer
 
 from docker_variant.cli.complete import complete_reference
 from docker_variant.cli.options import GpusOpt, IndexOpt, Options, PlatformOpt, options_of
-from docker_variant.cli.output import emit_json, layer_progress, stderr_console, stdout_console
+from docker_variant.cli.output import (
+    emit_json,
+    error,
+    layer_progress,
+    stderr_console,
+    stdout_console,
+)
 from docker_variant.errors import InvalidInputError
 from docker_variant.oci.reference import Reference
 from docker_variant.render import candidate_json, selection_json, selection_table
@@ -57,6 +63,11 @@ class Target:
 
     def describe(self) -> str:
         return str(self.reference) if self.reference is not None else "the index"
+
+    @property
+    def given(self) -> str | None:
+        """REF as given; ``None`` for ``--index``."""
+        return None if self.reference is None else str(self.reference)
 
     def chosen_ref(self, tag: str) -> str:
         return tag if self.reference is None else str(self.reference.with_tag(tag))
@@ -139,8 +150,7 @@ def host_choice(opts: Options, platform: str | None, gpus: str | None = None) ->
 
 def report_no_match(selection: Selection, target: Target, choice: HostChoice | None = None) -> None:
     whom = choice.for_gpus if choice is not None else ""
-    line = f"docker-variant: no variant of {target.describe()} fits this host{whom}:"
-    sys.stderr.write(safe_text(line, markup=False) + "\n")
+    error(f"no variant of {target.describe()} fits this host{whom}:")
     for c in selection.rejected:
         sys.stderr.write(safe_text(f"  {c.label or c.tag}: {c.reason}", markup=False) + "\n")
     if not selection.rejected:
@@ -182,17 +192,20 @@ def ls_(
         str | None,
         typer.Option(
             "--format",
-            help="table (default), json (one variant a line) or a template of "
+            help="table (default), json or '{{json .}}' (one variant a line) or a template of "
             "{{.Rank}} {{.Label}} {{.Tag}} {{.Reference}} {{.Digest}} {{.Kind}} "
             "{{.Compatible}} {{.Platform}} {{.Reason}}, e.g. '{{.Tag}}\\t{{.Compatible}}'.",
         ),
     ] = None,
 ) -> None:
-    """List every variant: compatible or not (with the reason), rank and tag."""
+    """List every variant: compatible or not (with the reason), rank and tag; exit 1 when
+    none fits."""
     from docker_variant.render import check_format, format_candidate
 
-    layout = check_format(format_) if format_ is not None else "table"
     opts = options_of(ctx)
+    if format_ is None and opts.json_lines:  # docker-variant --format '{{json .}}' ls
+        format_, opts.json = "json", False
+    layout = check_format(format_) if format_ is not None else "table"
     if (quiet and format_ is not None) or (opts.json and (quiet or format_ is not None)):
         raise InvalidInputError("give one of --json, --quiet and --format")
     opts, target, choice, selection = _selection(ctx, ref, index, platform, gpus)
@@ -201,7 +214,7 @@ def ls_(
             if c.compatible:
                 sys.stdout.write(target.chosen_ref(c.tag) + "\n")
     elif opts.json:
-        data = selection_json(selection, str(target.reference) if target.reference else None)
+        data = selection_json(selection, target.given, target.chosen_ref)
         emit_json(data | {"gpus": list(choice.titles)})
     elif layout == "json":
         for c in selection.candidates:
@@ -213,6 +226,9 @@ def ls_(
     else:
         title = f"Variants of {target.describe()}{choice.for_gpus}"
         stdout_console().print(selection_table(selection, title))
+    if selection.best is None:  # as resolve and pull: exit 1, the reasons are listed above
+        error(f"no variant of {target.describe()} fits this host{choice.for_gpus}")
+        raise typer.Exit(1)
 
 
 def resolve(
@@ -227,7 +243,8 @@ def resolve(
     best = selection.best
     if best is None:
         if opts.json:
-            emit_json(selection_json(selection, None) | {"gpus": list(choice.titles)})
+            data = selection_json(selection, target.given, target.chosen_ref)
+            emit_json(data | {"gpus": list(choice.titles)})
         report_no_match(selection, target, choice)
         raise typer.Exit(1)
     chosen = target.chosen_ref(best.tag)
@@ -293,7 +310,7 @@ def pull(
         best = selection.best
         if best is None:
             if opts.json:  # as resolve --json: every variant, and why none fits
-                emit_json(selection_json(selection, str(reference)))
+                emit_json(selection_json(selection, str(reference), target.chosen_ref))
             else:
                 title = f"Variants of {reference}{choice.for_gpus}"
                 stderr_console().print(selection_table(selection, title))
@@ -304,7 +321,8 @@ def pull(
         if engine is not None:
             from docker_variant.docker.ops import pull_candidate
 
-            with layer_progress("pull", shown=not (opts.json or quiet)) as progress:
+            image = target.chosen_ref(best.tag)
+            with layer_progress("pull", image, shown=not (opts.json or quiet)) as progress:
                 result = pull_candidate(engine, reference, best, progress)
     finally:
         if engine is not None:
@@ -313,12 +331,13 @@ def pull(
         emit_json(
             {
                 "reference": str(reference),
-                "chosen": target.chosen_ref(best.tag),
+                "chosen": candidate_json(best) | {"reference": target.chosen_ref(best.tag)},
                 "label": best.label,
                 "kind": best.kind,
                 "digest": best.digest,
                 "image_id": result.image_id if result else None,
                 "tags": list(result.tags) if result else [],
+                "downloaded": result.downloaded if result else None,
                 "gpus": list(choice.titles),
             }
         )
@@ -326,3 +345,5 @@ def pull(
         sys.stdout.write(target.chosen_ref(best.tag) + "\n")
     else:
         sys.stdout.write(safe_text(message, markup=False) + "\n")
+        if result is not None:  # as docker pull ends (not for --dry-run)
+            sys.stdout.write(safe_text(result.status, markup=False) + "\n")

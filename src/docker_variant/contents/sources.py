@@ -27,7 +27,7 @@ from docker_variant.contents.walker import (
     merge_layers,
     scan_layer,
 )
-from docker_variant.errors import InvalidInputError, UnreachableError
+from docker_variant.errors import InvalidInputError, MissingError, UnreachableError
 from docker_variant.jsondoc import load_json
 
 if TYPE_CHECKING:
@@ -283,7 +283,7 @@ def inspect_local(
     meter = meter or _NoMeter()
     inspected = inspected or engine.inspect_image(ref)
     if inspected is None:
-        raise InvalidInputError(f"{ref}: no such local image")
+        raise MissingError(f"{ref}: no such local image")
     config = inspected.get("Config") or {}
     labels = config.get("Labels") or {}
     size = inspected.get("Size")

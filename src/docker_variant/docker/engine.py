@@ -12,18 +12,33 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from docker_variant.errors import InvalidInputError, UnreachableError, one_line
+from docker_variant.errors import (
+    InvalidInputError,
+    MissingError,
+    UnauthorizedError,
+    UnreachableError,
+    login_hint,
+    one_line,
+)
 from docker_variant.jsondoc import load_json, read_json_file
 from docker_variant.oci.auth import docker_config_path, load_credentials
 from docker_variant.oci.http import sync_client, sync_transport
 
-__all__ = ["Engine", "EngineError", "ProgressEvent", "engine_host"]
+__all__ = [
+    "Engine",
+    "EngineAuthError",
+    "EngineError",
+    "EngineNotFoundError",
+    "ProgressEvent",
+    "engine_host",
+]
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 _META_LIMIT = 16 << 20  # a context's meta.json, the Docker config
@@ -34,6 +49,34 @@ ProgressEvent = dict[str, Any]
 
 class EngineError(UnreachableError):
     """The engine is unreachable, or refused or failed an operation (exit code 3)."""
+
+
+class EngineNotFoundError(EngineError, MissingError):
+    """The engine, or the registry behind it, has no such image, tag or repository."""
+
+
+class EngineAuthError(EngineError, UnauthorizedError):
+    """The registry behind the engine refused its credentials, or their absence."""
+
+
+# What the engine relays from a registry, by the words the engine and distribution use:
+# "no basic auth credentials", "unauthorized: authentication required", "denied: requested
+# access to the resource is denied"; "manifest unknown", "name unknown", "... not found".
+_REFUSED = re.compile(r"no basic auth credentials|unauthorized|authentication required|denied")
+_UNKNOWN = re.compile(r"not found|manifest unknown|name unknown|does not exist|no such image")
+
+
+def engine_error(message: str, status: int | None, registry: str | None) -> EngineError:
+    """The error for a failed engine operation: refused credentials (the hint names
+    ``docker login`` for ``registry``), something missing, or any other failure."""
+    lowered = message.lower()
+    if status in (401, 403) or _REFUSED.search(lowered):
+        refused = EngineAuthError(message)
+        refused.hint = login_hint(registry) if registry else None
+        return refused
+    if status == 404 or _UNKNOWN.search(lowered):
+        return EngineNotFoundError(message)
+    return EngineError(message)
 
 
 def _context_host(name: str) -> str:
@@ -126,8 +169,15 @@ class Engine:
             ) from exc
         return response
 
-    def _fail(self, response: httpx.Response, what: str, body: bytes | None = None) -> EngineError:
-        """The engine's ``{"message": ...}`` of a failed request, on one line."""
+    def _fail(
+        self,
+        response: httpx.Response,
+        what: str,
+        body: bytes | None = None,
+        registry: str | None = None,
+    ) -> EngineError:
+        """The engine's ``{"message": ...}`` of a failed request, on one line (an operation
+        on ``registry``: a refusal names it in the hint)."""
         body = response.content[:_ERROR_LIMIT] if body is None else body
         try:
             data = load_json(body, what)
@@ -136,7 +186,8 @@ class Engine:
             message = None
         if not isinstance(message, str):
             message = body.decode("utf-8", "replace")
-        return EngineError(f"{what}: {_first_line(message) or response.status_code}")
+        text = f"{what}: {_first_line(message) or response.status_code}"
+        return engine_error(text, response.status_code, registry)
 
     def ping(self) -> None:
         response = self._request("GET", "/_ping")
@@ -160,18 +211,19 @@ class Engine:
         path: str,
         what: str,
         on_event: Callable[[ProgressEvent], None],
+        registry: str | None = None,
         **kwargs: Any,
     ) -> None:
         try:
             with self._http.stream(method, path, **kwargs) as response:
                 if response.status_code != 200:
-                    raise self._fail(response, what, _head(response.iter_bytes()))
+                    raise self._fail(response, what, _head(response.iter_bytes()), registry)
                 for event in _json_lines(response.iter_bytes()):
                     if "error" in event:
                         details = event.get("errorDetail")
                         detail = details.get("message") if isinstance(details, dict) else None
                         detail = _first_line(str(detail or event["error"]))
-                        raise EngineError(f"{what}: {detail or 'failed'}")
+                        raise engine_error(f"{what}: {detail or 'failed'}", None, registry)
                     on_event(event)
         except httpx.TransportError as exc:
             raise EngineError(
@@ -197,6 +249,7 @@ class Engine:
             "/images/create",
             f"pull {repository}{'@' if ':' in tag_or_digest else ':'}{tag_or_digest}",
             on_event,
+            registry,
             params=params,
             headers=_registry_auth_header(registry),
         )
@@ -209,6 +262,7 @@ class Engine:
             f"/images/{quote(repository, safe='')}/push",
             f"push {repository}:{tag}",
             on_event,
+            registry,
             params={"tag": tag},
             headers=_registry_auth_header(registry) or {"X-Registry-Auth": "e30="},  # "{}"
         )
@@ -292,7 +346,7 @@ class Engine:
         try:
             with self._http.stream("GET", f"/images/{quote(ref, safe='')}/get") as response:
                 if response.status_code == 404:
-                    raise InvalidInputError(f"{ref}: no such local image")
+                    raise EngineNotFoundError(f"{ref}: no such local image")
                 if response.status_code != 200:
                     raise self._fail(response, what, _head(response.iter_bytes()))
                 yield chunks(response)

@@ -5,11 +5,18 @@ events as rich bars on a terminal)."""
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, Self, TextIO
+from typing import IO, Any, Self, TextIO
 
 from docker_variant.safetext import safe_text
 
-__all__ = ["DONE_STATUSES", "HEADER_STATUSES", "LayerLines", "is_done", "layer_status"]
+__all__ = [
+    "DONE_STATUSES",
+    "HEADER_STATUSES",
+    "BuildLines",
+    "LayerLines",
+    "is_done",
+    "layer_status",
+]
 
 #: A layer with one of these statuses has nothing more to do.
 DONE_STATUSES = (
@@ -39,11 +46,12 @@ def is_done(status: str) -> bool:
 
 class LayerLines:
     """A context manager whose ``__call__`` takes one engine event and writes
-    ``<action> <layer>: <status>`` to ``stream`` when a layer is done, once per layer (the
-    engine relays registry text: shown safely)."""
+    ``<action> <image> layer <layer>: <status>`` to ``stream`` when a layer is done, once
+    per layer (the engine relays registry text: shown safely). The image is named: a log of
+    ``build --push`` holds the layers of several images, many of them alike."""
 
-    def __init__(self, action: str, stream: TextIO) -> None:
-        self.action = action
+    def __init__(self, action: str, stream: TextIO, image: str | None = None) -> None:
+        self.action = f"{action} {image} layer" if image else action
         self._stream = stream
         self._done: set[str] = set()
 
@@ -57,6 +65,28 @@ class LayerLines:
         self._done.add(layer)
         line = safe_text(f"{self.action} {layer[:12]}: {status}", markup=False)
         self._stream.write(line + "\n")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stream.flush()
+
+
+class BuildLines:
+    """``progress.BuildProgress`` in a log or a pipe: ``build <image>: <status>`` once an
+    image is done, and no bars."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+
+    def event(self, name: str, event: dict[str, Any]) -> None:
+        """A build's step: a log gets only the outcome."""
+
+    def done(self, name: str, status: str) -> None:
+        self._stream.write(safe_text(f"build {name}: {status}", markup=False) + "\n")
 
     def __enter__(self) -> Self:
         return self

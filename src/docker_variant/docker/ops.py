@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from docker_variant.docker.engine import Engine, EngineError, ProgressEvent
+from docker_variant.docker.engine import Engine, EngineError, EngineNotFoundError, ProgressEvent
 from docker_variant.errors import InvalidInputError
 from docker_variant.oci.reference import Reference, parse_reference
 from docker_variant.variant import Candidate, Variant, read_labels
@@ -18,6 +18,17 @@ __all__ = ["PullResult", "check_push_labels", "pull_candidate", "push_image"]
 class PullResult:
     image_id: str
     tags: tuple[str, str]  # REF and the variant's own reference
+    downloaded: bool  # the engine fetched something: not "Image is up to date"
+
+    @property
+    def status(self) -> str:
+        """``docker pull``'s last line but one, for the variant's reference."""
+        what = "Downloaded newer image" if self.downloaded else "Image is up to date"
+        return f"Status: {what} for {self.tags[1]}"
+
+
+#: The engine's last status of a pull that fetched nothing (``docker pull`` prints it).
+_UP_TO_DATE = "Status: Image is up to date"
 
 
 def pull_candidate(
@@ -33,7 +44,13 @@ def pull_candidate(
     """
     name = reference.name
     source = f"{name}@{chosen.digest}" if chosen.digest else f"{name}:{chosen.tag}"
-    engine.pull(name, chosen.digest or chosen.tag, reference.registry, on_event, chosen.platform)
+    statuses: list[str] = []
+
+    def watch(event: ProgressEvent) -> None:
+        statuses.append(str(event.get("status", "")))
+        on_event(event)
+
+    engine.pull(name, chosen.digest or chosen.tag, reference.registry, watch, chosen.platform)
     inspected = engine.inspect_image(source)
     if inspected is None:
         raise EngineError(f"pull {source}: the engine reports no such image after pulling it")
@@ -53,7 +70,12 @@ def pull_candidate(
         for ref in made:
             engine.untag(ref)
         raise
-    return PullResult(str(inspected["Id"]), (f"{name}:{version_tag}", f"{name}:{chosen.tag}"))
+    up_to_date = any(status.startswith(_UP_TO_DATE) for status in statuses)
+    return PullResult(
+        str(inspected["Id"]),
+        (f"{name}:{version_tag}", f"{name}:{chosen.tag}"),
+        downloaded=not up_to_date,
+    )
 
 
 def check_push_labels(reference: Reference, labels: Mapping[str, str] | None) -> Variant | None:
@@ -79,7 +101,7 @@ def local_image(engine: Engine, reference: Reference) -> tuple[dict[str, Any], d
     labels."""
     inspected = engine.inspect_image(str(reference))
     if inspected is None:
-        raise InvalidInputError(f"{reference}: no such local image (build or tag it first)")
+        raise EngineNotFoundError(f"{reference}: no such local image (build or tag it first)")
     return inspected, (inspected.get("Config") or {}).get("Labels") or {}
 
 

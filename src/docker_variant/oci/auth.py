@@ -377,6 +377,8 @@ class RegistryAuth(httpx.Auth):
                 code=ErrorCode.UNAUTHORIZED if response.status_code == 401 else ErrorCode.DENIED,
                 headers=headers_for_caller,
                 url=str(token_request.url),
+                # the token endpoint may be elsewhere: the login is the registry's
+                registry=challenged.url.netloc.decode() if challenged is not None else None,
             )
         token, lifetime = _read_token(response, where)
         self._tokens[(realm, scope)] = (token, self._clock() + max(lifetime - 10, 1))

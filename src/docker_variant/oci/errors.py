@@ -6,9 +6,17 @@ All of them are ``UnreachableError`` (CLI exit code 3, but for ``BadDocumentErro
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 
-from docker_variant.errors import UnreachableError, one_line
+from docker_variant.errors import (
+    MissingError,
+    UnauthorizedError,
+    UnreachableError,
+    login_hint,
+    one_line,
+)
 
 __all__ = [
     "BadDocumentError",
@@ -45,11 +53,17 @@ class RegistryError(UnreachableError):
         self.url = url
 
 
-class RegistryAuthError(RegistryError):
-    """401 or 403: no credentials, wrong credentials, or no permission."""
+class RegistryAuthError(RegistryError, UnauthorizedError):
+    """401 or 403: no credentials, wrong credentials, or no permission. ``registry`` (the
+    ``host[:port]`` whose credentials failed; default the URL's) is named in the hint."""
+
+    def __init__(self, message: str, *, registry: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        host = registry or (httpx.URL(self.url).netloc.decode() if self.url else None)
+        self.hint = login_hint(host) if host else None
 
 
-class NotFoundError(RegistryError):
+class NotFoundError(RegistryError, MissingError):
     """404: unknown repository, tag, manifest or blob."""
 
 

@@ -18,11 +18,17 @@ from docker_variant.variant.labels import LABEL_PREFIX
 from docker_variant.variant.platform import Platform
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from rich.console import Console
 
     from docker_variant.publish.publisher import Published
 
 __all__ = ["BuildReport", "BuiltImage", "build_matrix", "build_release", "matrix_targets"]
+
+#: What takes a push's engine events: ``(action, image, *, shown)`` -> a context manager of
+#: a callable (``cli.output.layer_progress``: bars on a terminal, else lines naming the image).
+LayerWatcher = Callable[..., "AbstractContextManager[Callable[[ProgressEvent], None]]"]
 
 
 @dataclass(frozen=True)
@@ -138,14 +144,17 @@ def build_release(
     console: Console,
     show_progress: bool,
     warn: Callable[[str], None],
+    layer_progress: LayerWatcher,
 ) -> BuildReport:
     """Build the matrix; with ``push`` (or ``publish``) check every image (unless not
     ``verify``) before the first push, then push them all; with ``publish`` write the
     version's variant image index. Everything that can be refused (the reference, the
     context and its Dockerfile) is checked before the first build starts. Progress bars
-    go to ``console`` when ``show_progress``; warnings to ``warn``."""
+    go to ``console`` when ``show_progress`` (bars on a terminal, else plain lines, each
+    naming its image), a push's through ``layer_progress``; warnings to ``warn``."""
+    from docker_variant.docker.events import BuildLines
     from docker_variant.docker.ops import push_image
-    from docker_variant.docker.progress import BuildProgress, LayerProgress
+    from docker_variant.docker.progress import BuildProgress
     from docker_variant.publish.publisher import publish as publish_index
     from docker_variant.publish.verify import verify_local
 
@@ -155,7 +164,12 @@ def build_release(
     with Engine() as engine:
         engine.ping()
         names = [str(t.tag) for _, t in targets]
-        with BuildProgress(names, console=console, enabled=show_progress) as progress:
+        progress: BuildProgress | BuildLines = (
+            BuildProgress(names, console=console, enabled=show_progress)
+            if console.is_terminal or not show_progress
+            else BuildLines(console.file)
+        )
+        with progress:
             built = build_matrix(
                 engine,
                 matrix,
@@ -177,7 +191,8 @@ def build_release(
                     warn=warn,
                 )
             for image in built:
-                with LayerProgress("push", console=console, enabled=show_progress) as layers:
+                pushing = layer_progress("push", str(image.reference), shown=show_progress)
+                with pushing as layers:
                     push_image(engine, str(image.reference), layers)
                 pushed.add(str(image.reference))
     published = None
