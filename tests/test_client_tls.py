@@ -226,7 +226,7 @@ def test_bad_tls_files_are_one_line_and_exit_2(
             assert code == 2 and expected in err and err.count("\n") == 1, (argv, err)
     args, expected = _bad_tls_cases(tmp_path, ca)[1]
     done = run_cli("ls", "127.0.0.1:1/a:1", *args, tmp=tmp_path)
-    assert done.returncode == 2 and done.stderr.startswith(f"docker-variant: {expected}")
+    assert done.returncode == 2 and done.stderr.startswith(f"docker-variant: error: {expected}")
     assert done.stderr.count("\n") == 1, done.stderr
 
 
