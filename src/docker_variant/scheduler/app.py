@@ -23,7 +23,6 @@ placements as it may, 502/504 registry failures, 503 database unavailable.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
@@ -31,7 +30,6 @@ from typing import Any
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
@@ -63,8 +61,8 @@ from docker_variant.scheduler.store import (
 from docker_variant.scheduler.tokens import ANONYMOUS, Principal, TokenFile, TokenTable
 from docker_variant.scheduler.whatif import parse_what_if, what_if_in_groups
 from docker_variant.server.auth import bearer_token
-from docker_variant.server.bodies import BodyTooLargeError, read_body
-from docker_variant.server.errors import error_kind, oci_error
+from docker_variant.server.bodies import read_body
+from docker_variant.server.errors import error_handlers, error_kind, handler_for, oci_error
 from docker_variant.variant.index import VariantIndex
 from docker_variant.variant.selection import Candidate
 
@@ -73,7 +71,6 @@ __all__ = ["IndexFetcher", "create_app"]
 IndexFetcher = Callable[[str | Reference], tuple[Reference, VariantIndex]]
 Endpoint = Callable[[Request], Awaitable[Response]]
 
-_log = logging.getLogger("docker_variant.scheduler")
 _MAX_BODY = 16 * 1024 * 1024
 _REALM = "variant-scheduler"
 
@@ -95,63 +92,75 @@ class _Forbidden(Exception):
     """403: a valid token whose role may not do this."""
 
 
-def _guard(handler: Endpoint) -> Endpoint:
-    """Every failure becomes one JSON line with the right status; never a traceback."""
-
-    async def endpoint(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except _NotFound as exc:
-            return oci_error(404, ErrorCode.NOT_FOUND, str(exc))
-        except _Unauthorized as exc:
-            challenge = f'{"Basic" if exc.basic else "Bearer"} realm="{_REALM}"'
-            if exc.invalid and not exc.basic:
-                challenge += ', error="invalid_token"'
-            return oci_error(
-                401, ErrorCode.UNAUTHORIZED, str(exc), headers={"WWW-Authenticate": challenge}
-            )
-        except _Forbidden as exc:
-            return oci_error(403, ErrorCode.DENIED, str(exc))
-        except (BodyTooLargeError, RequestTooLargeError) as exc:
-            return oci_error(413, ErrorCode.SIZE_INVALID, str(exc))
-        except QuotaExceededError as exc:
-            # not 403 (that role may place) nor 409 (the pool could take it): the client
-            # must delete placements first; OCI registries answer their own limits so
-            detail = {"owner": exc.owner, "placements": exc.count, "limit": exc.limit}
-            return oci_error(429, ErrorCode.TOOMANYREQUESTS, str(exc), detail)
-        except InvalidInputError as exc:
-            return oci_error(400, ErrorCode.INVALID_INPUT, str(exc))
-        except DatabaseUnavailableError as exc:
-            return oci_error(503, ErrorCode.DATABASE_UNAVAILABLE, str(exc))
-        except RegistryError as exc:  # before UnreachableError: a registry's own answer
-            return _registry_failure(exc)
-        except UnreachableError as exc:  # the apiserver reviewing an agent's token
-            return oci_error(503, ErrorCode.UNAVAILABLE, str(exc))
-        except ClientDisconnect:  # gone, or cut off by --body-timeout (408): nobody reads this
-            return oci_error(400, ErrorCode.INVALID_INPUT, "the request body was cut short")
-        except Exception as exc:
-            _log.exception("%s %s failed", request.method, request.url.path)
-            return oci_error(
-                500, ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
-            )
-
-    return endpoint
+async def _not_found(_request: Request, exc: _NotFound) -> Response:
+    return oci_error(ErrorCode.NOT_FOUND, str(exc))
 
 
-def _registry_failure(exc: RegistryError) -> Response:
+async def _unauthorized(_request: Request, exc: _Unauthorized) -> Response:
+    challenge = f'{"Basic" if exc.basic else "Bearer"} realm="{_REALM}"'
+    if exc.invalid and not exc.basic:
+        challenge += ', error="invalid_token"'
+    return oci_error(ErrorCode.UNAUTHORIZED, str(exc), headers={"WWW-Authenticate": challenge})
+
+
+async def _forbidden(_request: Request, exc: _Forbidden) -> Response:
+    return oci_error(ErrorCode.DENIED, str(exc))
+
+
+async def _too_large(_request: Request, exc: RequestTooLargeError) -> Response:
+    return oci_error(ErrorCode.REQUEST_TOO_LARGE, str(exc))
+
+
+async def _quota(_request: Request, exc: QuotaExceededError) -> Response:
+    # not 403 (that role may place) nor 409 (the pool could take it): the client must
+    # delete placements first; OCI registries answer their own limits so
+    detail = {"owner": exc.owner, "placements": exc.count, "limit": exc.limit}
+    return oci_error(ErrorCode.TOOMANYREQUESTS, str(exc), detail)
+
+
+async def _database(_request: Request, exc: DatabaseUnavailableError) -> Response:
+    return oci_error(ErrorCode.DATABASE_UNAVAILABLE, str(exc))
+
+
+async def _unreachable(_request: Request, exc: UnreachableError) -> Response:
+    # the apiserver reviewing an agent's token (a registry's own answer: _registry_failure)
+    return oci_error(ErrorCode.UNAVAILABLE, str(exc))
+
+
+async def _cut_short(_request: Request, _exc: ClientDisconnect) -> Response:
+    # gone, or cut off by --body-timeout (408): nobody reads this
+    return oci_error(ErrorCode.INVALID_INPUT, "the request body was cut short")
+
+
+async def _registry_failure(_request: Request, exc: RegistryError) -> Response:
     detail = {"registry": exc.url} if exc.url else None
     kind = error_kind(exc)
     if isinstance(exc, NotFoundError):
-        return oci_error(404, ErrorCode.IMAGE_UNKNOWN, str(exc), detail)
+        return oci_error(ErrorCode.IMAGE_UNKNOWN, str(exc), detail)
     if kind == "timeout":
-        return oci_error(504, ErrorCode.REGISTRY_TIMEOUT, f"the registry timed out: {exc}", detail)
+        return oci_error(ErrorCode.REGISTRY_TIMEOUT, f"the registry timed out: {exc}", detail)
     if kind == "auth":
-        return oci_error(
-            502, ErrorCode.REGISTRY_DENIED, f"the registry refused the scheduler: {exc}", detail
-        )
-    return oci_error(
-        502, ErrorCode.REGISTRY_UNAVAILABLE, f"the registry is unavailable: {exc}", detail
-    )
+        message = f"the registry refused the scheduler: {exc}"
+        return oci_error(ErrorCode.REGISTRY_DENIED, message, detail)
+    return oci_error(ErrorCode.REGISTRY_UNAVAILABLE, f"the registry is unavailable: {exc}", detail)
+
+
+#: Every failure becomes one JSON line with its code's status; never a traceback. Looked up
+#: along the exception's MRO: RegistryError and DatabaseUnavailableError are answered as
+#: themselves before UnreachableError, RequestTooLargeError before InvalidInputError.
+_HANDLERS = error_handlers(
+    {
+        _NotFound: _not_found,
+        _Unauthorized: _unauthorized,
+        _Forbidden: _forbidden,
+        RequestTooLargeError: _too_large,
+        QuotaExceededError: _quota,
+        DatabaseUnavailableError: _database,
+        RegistryError: _registry_failure,
+        UnreachableError: _unreachable,
+        ClientDisconnect: _cut_short,
+    }
+)
 
 
 async def _json_body(request: Request) -> Any:
@@ -210,7 +219,6 @@ def create_app(
             raise _Unauthorized("the bearer token is not valid", invalid=True)
         return found
 
-    @_guard
     async def put_agent(request: Request) -> Response:
         agent_id = check_agent_id(request.path_params["agent_id"])
         who = await reporter(request)
@@ -219,7 +227,6 @@ def create_app(
         report = await run_in_threadpool(parse_agent_report, await _json_body(request), agent_id)
         return JSONResponse(await run_in_threadpool(store.report_agent, report))
 
-    @_guard
     async def list_agents(request: Request) -> Response:
         caller(request)
         group = request.query_params.get("resource_group")
@@ -229,7 +236,6 @@ def create_app(
         shares = await run_in_threadpool(store.pool_summary, group)  # free shares, fragmentation
         return JSONResponse({"agents": views, "pool": shares})
 
-    @_guard
     async def get_agent(request: Request) -> Response:
         who = caller(request)
         agent_id = check_agent_id(request.path_params["agent_id"])
@@ -240,7 +246,6 @@ def create_app(
             raise _NotFound(f"no agent {agent_id!r}")
         return JSONResponse(view)
 
-    @_guard
     async def delete_agent(request: Request) -> Response:
         caller(request, "admin")
         agent_id = check_agent_id(request.path_params["agent_id"])
@@ -257,11 +262,9 @@ def create_app(
             raise _NotFound(f"no agent {agent_id!r}")
         return JSONResponse({"agent_id": agent_id, "cordoned": cordoned, "changed": changed})
 
-    @_guard
     async def cordon_agent(request: Request) -> Response:
         return await set_cordon(request, True)
 
-    @_guard
     async def uncordon_agent(request: Request) -> Response:
         return await set_cordon(request, False)
 
@@ -295,11 +298,19 @@ def create_app(
         return index, lambda candidate: str(reference.with_tag(candidate.tag))
 
     def counted(operation: str) -> Callable[[Endpoint], Endpoint]:
-        """Count each answer of ``operation`` by its outcome (``metrics.outcome_of``)."""
+        """Count each answer of ``operation`` by its outcome (``metrics.outcome_of``),
+        refusals included: those are answered here, by the handler the app would use."""
 
         def wrap(handler: Endpoint) -> Endpoint:
             async def endpoint(request: Request) -> Response:
-                response = await handler(request)
+                try:
+                    response = await handler(request)
+                except Exception as exc:
+                    refusal = handler_for(exc, _HANDLERS)
+                    if refusal is None:
+                        metrics.count(operation, 500)
+                        raise
+                    response = await refusal(request, exc)
                 metrics.count(operation, response.status_code)
                 return response
 
@@ -308,7 +319,6 @@ def create_app(
         return wrap
 
     @counted("place")
-    @_guard
     async def post_placement(request: Request) -> Response:
         who = caller(request, "client")
         body = await read_body(request, _MAX_BODY)
@@ -323,7 +333,6 @@ def create_app(
         return JSONResponse(outcome, 201, headers={"Location": location})
 
     @counted("what_if")
-    @_guard
     async def post_what_if(request: Request) -> Response:
         caller(request, "client")  # as a placement: it reveals no more than one would
         question = await run_in_threadpool(parse_what_if, await _json_body(request))
@@ -337,7 +346,6 @@ def create_app(
         metrics.what_if.observe(time.perf_counter() - started)
         return JSONResponse(answer.to_json())
 
-    @_guard
     async def list_placements(request: Request) -> Response:
         who = caller(request, "client")
         state = request.query_params.get("state")
@@ -357,13 +365,11 @@ def create_app(
             raise _Forbidden(f"placement {placement_id} belongs to another client")
         return placement_id, document
 
-    @_guard
     async def get_placement(request: Request) -> Response:
         _, document = await owned(request)
         return JSONResponse(document)
 
     @counted("replace")
-    @_guard
     async def replace_placement(request: Request) -> Response:
         placement_id, _ = await owned(request)
         wanted = await run_in_threadpool(store.placement_request, placement_id)
@@ -379,20 +385,17 @@ def create_app(
             return JSONResponse({"message": message, "reasons": outcome.reasons}, 409)
         return JSONResponse(outcome, 201, headers={"Location": f"/v1/placements/{placement_id}"})
 
-    @_guard
     async def delete_placement(request: Request) -> Response:
         placement_id, _ = await owned(request)
         if not await run_in_threadpool(store.delete_placement, placement_id):
             raise _NotFound(f"no placement {placement_id!r}")
         return Response(status_code=204)
 
-    @_guard
     async def healthz(_request: Request) -> Response:
         await run_in_threadpool(store.ping)
         # the database URL is for the operator of an unauthenticated loopback server only
         return JSONResponse({"status": "ok"} | ({} if tokens else {"database": store.url}))
 
-    @_guard
     async def metrics_text(request: Request) -> Response:
         caller(request)  # any valid token: a scraper's
         text = await run_in_threadpool(metrics.render)  # reads the database
@@ -404,7 +407,6 @@ def create_app(
     async def resolve(image: str) -> VariantIndex:
         return (await run_in_threadpool(fetch, check_registry(image)))[1]
 
-    @_guard
     async def fleet_view(request: Request) -> Response:
         # a browser sends the token as a Basic password (ui.py); the role is a client's
         who = caller(request, "client", browser=True)
@@ -413,7 +415,6 @@ def create_app(
     def credential(request: Request) -> str | None:
         return None if tokens is None else bearer_token(request) or ui.basic_token(request)
 
-    @_guard
     async def fleet_cordon(request: Request) -> Response:
         caller(request, "admin", browser=True)
         try:
@@ -424,16 +425,8 @@ def create_app(
             raise _NotFound(f"no agent {agent_id!r}")
         return RedirectResponse("../ui", 303)  # relative: the page behind any path prefix
 
-    async def no_route(request: Request, exc: Exception) -> Response:
-        # the router's own 404 and 405 in the API's error body, as every other answer
-        status = exc.status_code if isinstance(exc, HTTPException) else 500
-        code = ErrorCode.NOT_FOUND if status == 404 else ErrorCode.UNSUPPORTED
-        what = "no such route" if status == 404 else f"{request.method} is not allowed here"
-        headers = getattr(exc, "headers", None)
-        return oci_error(status, code, f"{what}: {request.url.path}", headers=headers)
-
     return Starlette(
-        exception_handlers={HTTPException: no_route},
+        exception_handlers=_HANDLERS,
         routes=[  # tried in order: the calls made most often first
             Route("/v1/placements", post_placement, methods=["POST"]),
             Route("/v1/agents/{agent_id}", put_agent, methods=["PUT"]),
