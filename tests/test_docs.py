@@ -116,7 +116,8 @@ def test_every_scheduler_route_is_documented() -> None:
     routes = _scheduler_routes()
     assert ("/v1/placements/{placement_id}/replace", "POST") in routes
     for path, method in routes:
-        if path == "/ui":  # HTML for browsers, not an API
+        if path.startswith("/ui"):  # HTML and its form, for browsers: not an API
+            assert f"`{path}`" in page or f"{method} {path}" in page, path
             continue
         assert method.lower() in document["paths"].get(path, {}), (method, path)
         shown = re.sub(r"\{[a-z_]+\}", "{id}", path).replace("{id}", r"\{[a-z_]+\}")
@@ -124,7 +125,14 @@ def test_every_scheduler_route_is_documented() -> None:
     documented = {
         (p, m.upper()) for p, ops in document["paths"].items() for m in ops if m != "parameters"
     }
-    assert documented <= routes
+    assert documented == {(p, m) for p, m in routes if not p.startswith("/ui")}
+    # and the module's own table, which a reader of the code sees first
+    from docker_variant.scheduler import app
+
+    table = re.sub(r"\{[a-z_]+\}", "{id}", app.__doc__ or "")
+    for path, _ in routes:
+        shown = re.escape(re.sub(r"\{[a-z_]+\}", "{id}", path))
+        assert re.search(shown + r"[`\[]", table), path  # a query may follow: [?state=...]
 
 
 @pytest.mark.parametrize("path", ["/healthz", "/metrics", "/_notify", "/openapi.json"])

@@ -259,7 +259,7 @@ def test_upstream_down_is_502() -> None:
             answer = httpx.get(f"{proxy.url}{path}")
             assert answer.status_code == 502, path
             error = answer.json()["errors"][0]
-            assert error["code"] == "UNAVAILABLE"
+            assert error["code"] == "REGISTRY_UNAVAILABLE"
             assert "\n" not in error["message"] and error["message"]
 
 
@@ -282,7 +282,7 @@ def test_slow_upstream_is_504(fake_upstream: FakeUpstream, path: str) -> None:
         release.set()
         proxy.stop()
     assert answer.status_code == 504
-    assert answer.json()["errors"][0]["code"] == "UNAVAILABLE"
+    assert answer.json()["errors"][0]["code"] == "REGISTRY_TIMEOUT"
     assert "timed out" in answer.json()["errors"][0]["message"]
 
 

@@ -641,7 +641,7 @@ def test_unknown_routes_and_methods_answer_in_the_api_error_body(
 ) -> None:
     missing = shared_api.get("/v1/nothing-here")
     assert missing.status_code == 404
-    assert missing.json()["errors"][0]["code"] == "NOT_FOUND"
+    assert missing.json()["errors"][0]["code"] == "ROUTE_UNKNOWN"
     assert "/v1/nothing-here" in missing.json()["errors"][0]["message"]
     wrong = shared_api.patch("/v1/placements")
     assert wrong.status_code == 405
@@ -702,7 +702,7 @@ def test_a_stored_request_over_the_bound_is_413_and_nothing_is_kept(
         assert under.status_code == 201, under.text
         over = place(api, 1, 0, index=_bulky_index(600))
         assert over.status_code == 413, over.text
-        assert over.json()["errors"][0]["code"] == "SIZE_INVALID"
+        assert over.json()["errors"][0]["code"] == "REQUEST_TOO_LARGE"
         message = error_message(over)
         assert "the placement request is" in message and "over 65536 bytes" in message
         assert "--max-placement-request" in message

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from docker_variant.errors import InvalidInputError
 from docker_variant.oci import grammar
+from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.reference import check_repository, parse_reference
 from docker_variant.proxy.names import PathError, parse_v2_path
 
@@ -106,7 +107,7 @@ def test_reference_parsing_refuses_pathological_names(name: str) -> None:
 def test_proxy_routes_refuse_pathological_names(name: str) -> None:
     with pytest.raises(PathError) as caught:
         parse_v2_path(f"/v2/{name}/manifests/x")
-    assert caught.value.code == "NAME_INVALID" and caught.value.status == 400
+    assert caught.value.code is ErrorCode.NAME_INVALID and caught.value.code.status == 400
     assert len(caught.value.message) < 1000
 
 

@@ -33,8 +33,8 @@ from docker_variant.proxy.names import PathError, Route, RouteKind, parse_v2_pat
 from docker_variant.proxy.passthrough import Upstream, has_body
 from docker_variant.proxy.variants import VariantService, discover_document
 from docker_variant.server.auth import bearer_token
-from docker_variant.server.bodies import BodyTooLargeError, read_body
-from docker_variant.server.errors import oci_error
+from docker_variant.server.bodies import read_body
+from docker_variant.server.errors import error_handlers, oci_error
 
 _log = logging.getLogger("docker_variant.proxy")
 
@@ -119,11 +119,7 @@ class ProxyEndpoints:
         """Every ``/v2/...`` request (and any other path, refused as the registry would)."""
         raw = request.scope.get("raw_path")
         raw_path = raw.decode("latin-1") if isinstance(raw, bytes) else request.url.path
-        try:
-            route = parse_v2_path(raw_path)
-        except PathError as exc:
-            return oci_error(exc.status, exc.code, exc.message, exc.detail)
-        return await handle(self.service, request, route)
+        return await handle(self.service, request, parse_v2_path(raw_path))
 
     async def healthz(self, request: Request) -> Response:
         """``ok``; with ``?upstream=1`` also whether the upstream answers. Anyone may ask, so
@@ -159,26 +155,18 @@ class ProxyEndpoints:
         repository's indexes, in every replica."""
         if self.notify_secret is None:
             return oci_error(
-                404, ErrorCode.UNSUPPORTED, "notifications are not enabled (--notify-secret)"
+                ErrorCode.ROUTE_UNKNOWN, "notifications are not enabled (--notify-secret)"
             )
         given = bearer_token(request)
         if given is None or not hmac.compare_digest(given.encode(), self.notify_secret.encode()):
             return oci_error(
-                401,
                 ErrorCode.UNAUTHORIZED,
                 "the notification secret is missing or wrong",
                 headers={"WWW-Authenticate": 'Bearer realm="variant-proxy-notify"'},
             )
-        try:
-            envelope = load_json(await read_body(request, _NOTIFY_LIMIT), "notification")
-        except BodyTooLargeError as exc:
-            return oci_error(413, ErrorCode.SIZE_INVALID, str(exc))
-        except InvalidInputError as exc:
-            return oci_error(400, ErrorCode.UNSUPPORTED, str(exc))
-        try:
-            names = notified_repositories(envelope)
-        except InvalidInputError as exc:
-            return oci_error(400, ErrorCode.UNSUPPORTED, str(exc))
+        # too large (413) or malformed (400): answered by the exception handlers
+        envelope = load_json(await read_body(request, _NOTIFY_LIMIT), "notification")
+        names = notified_repositories(envelope)
         for name in sorted(names):
             await self.service.invalidate(name)
         return JSONResponse({"invalidated": sorted(names)})
@@ -235,6 +223,7 @@ def create_app(
             requests.flush()  # the batched access log, before the server exits
 
     app = Starlette(
+        exception_handlers=error_handlers({PathError: _path_error}),
         routes=[
             StarletteRoute("/healthz", endpoints.healthz, methods=["GET"]),
             StarletteRoute("/metrics", endpoints.metrics_endpoint, methods=["GET"]),
@@ -252,6 +241,10 @@ def create_app(
 
 
 _NOTIFY_SHAPE = 'a notification is {"events": [{"action": "push", "target": {"repository": ...}}]}'
+
+
+async def _path_error(_request: Request, exc: PathError) -> Response:
+    return oci_error(exc.code, exc.message, exc.detail)
 
 
 def notified_repositories(envelope: object) -> set[str]:
@@ -284,23 +277,20 @@ async def handle(service: VariantService, request: Request, route: Route) -> Res
     if kind is RouteKind.OTHER:
         return PlainTextResponse("404 page not found", status_code=404)
     if kind is RouteKind.UNKNOWN:
-        return oci_error(
-            404, ErrorCode.UNSUPPORTED, "not a distribution API route", request.url.path
-        )
+        return oci_error(ErrorCode.ROUTE_UNKNOWN, "not a distribution API route", request.url.path)
     if kind is RouteKind.DISCOVER:
         if method not in ("GET", "HEAD"):
-            return oci_error(405, ErrorCode.UNSUPPORTED, f"{method} is not allowed here")
+            return oci_error(ErrorCode.UNSUPPORTED, f"{method} is not allowed here")
         return JSONResponse(discover_document())
     if kind is RouteKind.VARIANTS:
         if method not in ("GET", "HEAD"):
-            return oci_error(405, ErrorCode.UNSUPPORTED, f"{method} is not allowed on _variants")
+            return oci_error(ErrorCode.UNSUPPORTED, f"{method} is not allowed on _variants")
         return await service.variants_endpoint(request, route)
     if method in ("GET", "HEAD") and has_body(request):
         # A body here would be read by no one: refused rather than passed on or left on
         # the connection (where it would be taken for the caller's next request).
         return oci_error(
-            400,
-            ErrorCode.UNSUPPORTED,
+            ErrorCode.INVALID_INPUT,
             f"a {method} request may not carry a body (RFC 9110 9.3)",
             headers={"Connection": "close"},
         )

@@ -93,15 +93,14 @@ class Route:
 
 
 class PathError(Exception):
-    """A ``/v2/`` path that fails validation: answered ``status`` (400 unless said) with
-    this OCI error."""
+    """A ``/v2/`` path that fails validation: answered with this OCI error (its status the
+    code's)."""
 
-    def __init__(self, code: ErrorCode, message: str, detail: str, status: int = 400) -> None:
+    def __init__(self, code: ErrorCode, message: str, detail: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.detail = detail
-        self.status = status
 
 
 # Matched on the part after "/v2/", from the right (greedy name, fixed suffix).
@@ -145,7 +144,6 @@ def _check_reference(kind: RouteKind, ref: str) -> None:
             ErrorCode.MANIFEST_UNKNOWN,
             f"manifest unknown: {ref!r} is not a tag ({TAG_RULE})",
             ref,
-            404,
         )
     if kind is RouteKind.VARIANTS and tag_problem(ref):
         raise PathError(

@@ -359,8 +359,7 @@ class Upstream:
                 content, client = _request_body(request), self.uploads
         except BodyTooLargeError as exc:
             return oci_error(
-                413,
-                ErrorCode.SIZE_INVALID,
+                ErrorCode.REQUEST_TOO_LARGE,
                 f"{what}: the manifest is too large: {exc} (--limit manifest-bytes)",
                 headers={"Connection": "close"},  # the rest of the body is not read
             )
@@ -386,7 +385,6 @@ class Upstream:
             return Response(status_code=499)  # nobody is left to read it
         except httpx.PoolTimeout:
             return upstream_error(
-                503,
                 ErrorCode.UNAVAILABLE,
                 f"{what}: {self.limits.upload_connections} uploads are in flight, the most "
                 "this proxy sends upstream at once (--limit upload-connections); retry later",
@@ -394,12 +392,11 @@ class Upstream:
             )
         except (TimeoutError, httpx.TimeoutException):
             return upstream_error(
-                504, ErrorCode.UNAVAILABLE, f"{what}: the upstream registry timed out"
+                ErrorCode.REGISTRY_TIMEOUT, f"{what}: the upstream registry timed out"
             )
         except httpx.HTTPError as exc:
             return upstream_error(
-                502,
-                ErrorCode.UNAVAILABLE,
+                ErrorCode.REGISTRY_UNAVAILABLE,
                 f"{what}: the upstream registry failed: {type(exc).__name__}: {exc}",
             )
         headers = self.response_headers(response.headers.raw, request.scope, extra_headers)

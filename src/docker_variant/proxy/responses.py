@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from starlette.responses import Response
 
 from docker_variant.errors import DockerVariantError, one_line, without_origins
-from docker_variant.oci.errcode import ErrorCode
+from docker_variant.oci.errcode import ErrorCode, registered
 from docker_variant.oci.errors import (
     BadUpstreamResponseError,
     NotFoundError,
@@ -23,47 +23,47 @@ _log = logging.getLogger("docker_variant.proxy")
 
 
 def upstream_error(
-    status: int,
-    code: str,
-    message: str,
-    headers: Mapping[str, str] | None = None,
+    code: ErrorCode, message: str, headers: Mapping[str, str] | None = None
 ) -> Response:
     """An OCI error about the upstream, with every URL's origin taken out of the message
     (paths stay: they are the caller's own names); the full message goes to the log."""
-    _log.warning("upstream failure (%s %s): %s", status, code, one_line(message))
-    return oci_error(status, code, without_origins(message, "<upstream>"), None, headers)
+    _log.warning("upstream failure (%s %s): %s", code.status, code, one_line(message))
+    return oci_error(code, without_origins(message, "<upstream>"), None, headers)
+
+
+def _upstream_code(sent: str | None, fallback: ErrorCode) -> ErrorCode:
+    """The upstream's own code where it is registered with ``fallback``'s status."""
+    code = registered(sent)
+    return code if code is not None and code.status == fallback.status else fallback
 
 
 def failure_response(exc: BaseException, what: str) -> Response:
-    """The answer for a failed index scan: the upstream's own status for auth and
-    not-found, 429 passed on, 504 for a time-out, 502 for everything else."""
+    """The answer for a failed index scan: the upstream's own auth and not-found answers
+    (its code where it has that status), 429 passed on, 504 for a time-out, 502 for
+    everything else."""
     if timed_out(exc):
         detail = f": {exc}" if str(exc) else ""  # asyncio's TimeoutError says nothing
-        return upstream_error(
-            504, ErrorCode.UNAVAILABLE, f"{what}: the upstream registry timed out{detail}"
-        )
+        message = f"{what}: the upstream registry timed out{detail}"
+        return upstream_error(ErrorCode.REGISTRY_TIMEOUT, message)
     if isinstance(exc, RegistryAuthError):
-        status = exc.status if exc.status in (401, 403) else 401
+        fallback = ErrorCode.DENIED if exc.status == 403 else ErrorCode.UNAUTHORIZED
         headers = {}
         if challenge := exc.headers.get("www-authenticate"):
             headers["WWW-Authenticate"] = challenge
-        code = exc.code or (ErrorCode.UNAUTHORIZED if status == 401 else ErrorCode.DENIED)
-        return upstream_error(status, code, str(exc), headers)
+        return upstream_error(_upstream_code(exc.code, fallback), str(exc), headers)
     if isinstance(exc, NotFoundError):
-        return upstream_error(404, exc.code or ErrorCode.NAME_UNKNOWN, str(exc))
+        return upstream_error(_upstream_code(exc.code, ErrorCode.NAME_UNKNOWN), str(exc))
     if isinstance(exc, UpstreamUnavailableError) and exc.status == 429:
         headers = {}
         if retry := exc.headers.get("retry-after"):
             headers["Retry-After"] = retry
-        return upstream_error(429, ErrorCode.TOOMANYREQUESTS, str(exc), headers)
+        return upstream_error(ErrorCode.TOOMANYREQUESTS, str(exc), headers)
     if isinstance(exc, BadUpstreamResponseError):
-        return upstream_error(
-            502, ErrorCode.UNKNOWN, f"{what}: the upstream answered garbage: {exc}"
-        )
-    if isinstance(exc, UpstreamUnavailableError):
-        return upstream_error(
-            502, ErrorCode.UNAVAILABLE, f"{what}: the upstream is unavailable: {exc}"
-        )
-    if isinstance(exc, DockerVariantError):
-        return upstream_error(502, ErrorCode.UNKNOWN, f"{what}: {exc}")
-    return upstream_error(502, ErrorCode.UNKNOWN, f"{what}: {type(exc).__name__}: {exc}")
+        message = f"{what}: the upstream answered garbage: {exc}"
+    elif isinstance(exc, UpstreamUnavailableError):
+        message = f"{what}: the upstream is unavailable: {exc}"
+    elif isinstance(exc, DockerVariantError):
+        message = f"{what}: {exc}"
+    else:
+        message = f"{what}: {type(exc).__name__}: {exc}"
+    return upstream_error(ErrorCode.REGISTRY_UNAVAILABLE, message)

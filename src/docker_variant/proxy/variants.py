@@ -241,7 +241,6 @@ class VariantService:
         if result.index.is_empty:
             # as the manifest of a missing tag: an error, not a document with nothing in it
             return oci_error(
-                404,
                 ErrorCode.MANIFEST_UNKNOWN,
                 f"{route.name}: no image tagged {route.reference} or {route.reference}-<label>",
             )
@@ -260,7 +259,6 @@ class VariantService:
             host = parse_supported_lists(load_json(header, what), what)
         except (ValueError, InvalidInputError) as exc:
             return oci_error(
-                400,
                 ErrorCode.MANIFEST_INVALID,
                 f"invalid X-Variant-Properties header: {exc}; expected compact JSON "
                 '{"namespace": {"feature": ["value", ...]}}',
@@ -271,7 +269,6 @@ class VariantService:
             devices = _device_lists(devices_header) if devices_header is not None else []
         except (ValueError, InvalidInputError) as exc:
             return oci_error(
-                400,
                 ErrorCode.MANIFEST_INVALID,
                 f"invalid {DEVICES_HEADER} header: {exc}; expected a compact JSON array of "
                 f'1 to {MAX_DEVICE_LISTS} {{"namespace": {{"feature": ["value", ...]}}}}',
@@ -290,12 +287,11 @@ class VariantService:
         try:
             selection = select(index, rank, platform, per_device)
         except InvalidInputError as exc:
-            return oci_error(400, ErrorCode.MANIFEST_INVALID, f"X-Variant-Properties header: {exc}")
+            return oci_error(ErrorCode.MANIFEST_INVALID, f"X-Variant-Properties header: {exc}")
         best = selection.best
         if best is None:
             reasons = "; ".join(f"{c.label or c.tag}: {c.reason}" for c in selection.rejected)
             return oci_error(
-                404,
                 ErrorCode.MANIFEST_UNKNOWN,
                 f"no variant of {route.name}:{route.reference} fits the host described by "
                 f"X-Variant-Properties ({reasons or 'the version has no images'})",

@@ -22,6 +22,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, ClassVar
 
 import anyio
@@ -63,8 +64,9 @@ class TooManyHeaderFieldsError(Exception):
     """Raised in the parser's callback: httptools stops, and uvicorn answers 400."""
 
 
-def _refusal(status: bytes, message: str) -> bytes:
-    body = error_body(ErrorCode.INVALID_INPUT, message)
+def _refusal(code: ErrorCode, message: str) -> bytes:
+    body = error_body(code, message)
+    status = f"{code.status} {HTTPStatus(code.status).phrase}".encode()
     head = (
         b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
         b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
@@ -161,7 +163,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         if self._answers_owed == 0:  # else an answer is under way: the connection just ends
             limit = self.limits.max_head_bytes
             message = f"the request head is over {limit} bytes (the server's --max-head-bytes)"
-            self.transport.write(_refusal(b"431 Request Header Fields Too Large", message))
+            self.transport.write(_refusal(ErrorCode.HEADERS_TOO_LARGE, message))
         self.transport.close()
 
 
@@ -222,8 +224,9 @@ class _BodyClock:
         self.expired = True
         if self.started:
             return  # uvicorn closes a connection whose answer the app leaves unfinished
+        code = ErrorCode.REQUEST_TIMEOUT
         body = error_body(
-            ErrorCode.INVALID_INPUT,
+            code,
             f"the request body stalled: {self.received} bytes in {self.waited:.0f} s "
             f"(the server's --body-timeout {self._limits.body_timeout:g} s and "
             f"--min-body-rate {self._limits.min_body_rate} bytes/s)",
@@ -233,7 +236,7 @@ class _BodyClock:
             (b"content-length", str(len(body)).encode()),
             (b"connection", b"close"),  # uvicorn closes after it: the rest is never read
         ]
-        await self._send({"type": "http.response.start", "status": 408, "headers": headers})
+        await self._send({"type": "http.response.start", "status": code.status, "headers": headers})
         await self._send({"type": "http.response.body", "body": body})
 
 
