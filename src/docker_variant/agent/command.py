@@ -47,54 +47,70 @@ def add_agent_command(commands: Any) -> None:
         help="between heartbeats, +-10 %% (default %(default)g)",
     )
     agent.add_argument(
+        "--agent-id", metavar="ID", help="default: this machine's host name (short form)"
+    )
+    agent.add_argument("--resource-group", default="default", metavar="G")
+    _add_detection_arguments(agent.add_argument_group("detection"))
+    _add_kubernetes_arguments(agent.add_argument_group("Kubernetes"))
+    add_log_level_argument(agent)
+
+
+def _add_detection_arguments(group: Any) -> None:
+    """What the agent reads its host's lists from (as ``docker-variant providers`` does)."""
+    group.add_argument(
         "--providers-file",
         metavar="FILE",
         help="supported lists, or `docker-variant providers --devices --json` output, "
         "instead of detection (default $DOCKER_VARIANT_PROVIDERS_FILE)",
     )
-    agent.add_argument(
+    group.add_argument(
         "--host-root",
         metavar="DIR",
         help="read the host's files (sys/..., opt/rocm/...) under DIR, as an agent in a "
         "container with the host's /sys mounted under DIR does; NVML is not affected "
         "(default $DOCKER_VARIANT_HOST_ROOT, else /)",
     )
-    agent.add_argument(
+    group.add_argument(
         "--descriptors",
         metavar="DIR",
         help="also read the device descriptors (*.toml) in DIR, after "
         "/etc/docker-variant/providers.d and $XDG_CONFIG_HOME/docker-variant/providers.d "
         "(default $DOCKER_VARIANT_DESCRIPTORS)",
     )
-    agent.add_argument(
-        "--agent-id", metavar="ID", help="default: this machine's host name (short form)"
-    )
-    agent.add_argument("--resource-group", default="default", metavar="G")
-    agent.add_argument(
+    group.add_argument(
         "--enable-provider",
         action="append",
         default=[],
         metavar="NS",
         help="also run the third-party provider plugin for namespace NS",
     )
-    agent.add_argument(
+
+
+def _add_kubernetes_arguments(group: Any) -> None:
+    """The Node labels and containerd's hosts.toml that the agent keeps current."""
+    group.add_argument(
         "--label-node",
         action="store_true",
         help="keep this Kubernetes Node's variant.pep817.dev/ labels current on each "
         "detection (needs the [kubernetes] extra)",
     )
-    agent.add_argument(
+    group.add_argument(
         "--node-name",
         metavar="NAME",
         help="the Node to label (default $NODE_NAME, the Downward API's spec.nodeName)",
     )
-    agent.add_argument(
+    group.add_argument(
         "--kubeconfig",
         metavar="FILE",
         help="the apiserver and credentials (default: the pod's service account, else "
         "$KUBECONFIG or ~/.kube/config)",
     )
-    agent.add_argument(
+    group.add_argument(
+        "--cpu-flags",
+        action="store_true",
+        help="also label each CPU flag (x86_64 :: avx2 :: on: 10 to 50 labels)",
+    )
+    group.add_argument(
         "--containerd-hosts",
         action="append",
         default=[],
@@ -103,24 +119,18 @@ def add_agent_command(commands: Any) -> None:
         "containerd-hosts REGISTRY` writes for this node, rewritten atomically when detection "
         "changes it (repeat for more registries)",
     )
-    agent.add_argument(
+    group.add_argument(
         "--containerd-hosts-dir",
         metavar="DIR",
         default="/etc/containerd/certs.d",
         help="containerd's hosts directory (config_path; default %(default)s)",
     )
-    agent.add_argument(
+    group.add_argument(
         "--containerd-server",
         metavar="URL",
         help="the variant-proxy the hosts.toml files send pulls to (default http://REGISTRY "
         "on loopback, else https://REGISTRY)",
     )
-    agent.add_argument(
-        "--cpu-flags",
-        action="store_true",
-        help="also label each CPU flag (x86_64 :: avx2 :: on: 10 to 50 labels)",
-    )
-    add_log_level_argument(agent)
 
 
 def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -226,47 +226,51 @@ def _cluster_file(path: Path) -> list[object]:
         raise InvalidInputError(f"{what}: not YAML or JSON ({one_line(str(exc), 200)})") from None
 
 
+# k8s gang's options
+_PodsOpt = Annotated[
+    int, typer.Option("--pods", min=1, max=K8S_MAX_PODS, help="Pods of the gang, one a node.")
+]
+_CountOpt = Annotated[
+    int, typer.Option("--count", min=1, max=K8S_MAX_COUNT, help="Devices per pod (all alike).")
+]
+_NameOpt = Annotated[
+    str | None,
+    typer.Option("--name", help="Name of every object (default: from the repository)."),
+]
+_ImageOpt = Annotated[
+    str | None,
+    typer.Option("--image", help="Repository the pods pull (default: REF's; --index needs it)."),
+]
+_ClusterOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--cluster", help="Read Nodes, ResourceSlices, ResourceClaims from files."),
+]
+_KubeconfigOpt = Annotated[
+    Path | None,
+    typer.Option("--kubeconfig", help="Read the cluster here (default: in-cluster, $KUBECONFIG)."),
+]
+_NamespaceOpt = Annotated[
+    str | None,
+    typer.Option("--namespace", help="Namespace of the objects (default: the context's)."),
+]
+_ApplyOpt = Annotated[
+    bool, typer.Option("--apply", help="Create the objects (strict field validation), not print.")
+]
+
+
 @k8s_app.command("gang")
 def k8s_gang(
     ctx: typer.Context,
     ref: Annotated[str | None, typer.Argument(help="registry/name:version")] = None,
     index: IndexOpt = None,
-    pods: Annotated[
-        int,
-        typer.Option("--pods", min=1, max=K8S_MAX_PODS, help="Pods of the gang, one a node."),
-    ] = 1,
-    count: Annotated[
-        int,
-        typer.Option("--count", min=1, max=K8S_MAX_COUNT, help="Devices per pod (all alike)."),
-    ] = 1,
-    name: Annotated[
-        str | None,
-        typer.Option("--name", help="Name of every object (default: from the repository)."),
-    ] = None,
-    image: Annotated[
-        str | None,
-        typer.Option(
-            "--image", help="Repository the pods pull (default: REF's; --index needs it)."
-        ),
-    ] = None,
-    cluster: Annotated[
-        list[Path] | None,
-        typer.Option("--cluster", help="Read Nodes, ResourceSlices, ResourceClaims from files."),
-    ] = None,
-    kubeconfig: Annotated[
-        Path | None,
-        typer.Option(
-            "--kubeconfig", help="Read the cluster here (default: in-cluster, $KUBECONFIG)."
-        ),
-    ] = None,
-    namespace: Annotated[
-        str | None,
-        typer.Option("--namespace", help="Namespace of the objects (default: the context's)."),
-    ] = None,
-    apply: Annotated[
-        bool,
-        typer.Option("--apply", help="Create the objects (strict field validation), not print."),
-    ] = False,
+    pods: _PodsOpt = 1,
+    count: _CountOpt = 1,
+    name: _NameOpt = None,
+    image: _ImageOpt = None,
+    cluster: _ClusterOpt = None,
+    kubeconfig: _KubeconfigOpt = None,
+    namespace: _NamespaceOpt = None,
+    apply: _ApplyOpt = False,
 ) -> None:
     """Plan a gang of pods on one variant, from the cluster's free devices, and print (or
     --apply) a claim template, Workload, PodGroup and Indexed Job that hold it there."""
@@ -276,53 +280,26 @@ def k8s_gang(
 
     KUBERNETES.require("docker-variant k8s gang")
 
-    from docker_variant.k8s.claim import check_dns_subdomain, dns_label
-    from docker_variant.k8s.gang import cluster_objects, gang_objects, plan_gang, read_cluster
-    from docker_variant.k8s.yamltext import dump_yaml
+    from docker_variant.k8s.claim import dns_label
+    from docker_variant.k8s.gang import gang_objects, plan_gang
     from docker_variant.planner.placement import Refusal
 
     opts = options_of(ctx)
-    if cluster and (apply or kubeconfig is not None):
-        raise InvalidInputError(
-            "--cluster reads files: it goes with neither --apply nor --kubeconfig"
-        )
-    if name is not None:
-        check_dns_subdomain(name, "--name")
-        if len(name) > 63 or "." in name:
-            raise InvalidInputError(
-                f"--name {name!r}: a Job's name is a DNS label (no '.', at most 63)"
-            )
-    if namespace is not None:
-        check_dns_subdomain(namespace, "--namespace")
-    if image is not None:
-        repository = parse_reference(image)
-        if repository.tag or repository.digest:
-            raise InvalidInputError(
-                f"--image {image!r}: name the repository alone; the gang pins the variant's digest"
-            )
+    _check_gang_options(cluster, apply, kubeconfig, name, namespace, image)
     target = target_of(ref, index)
     if image is None and target.reference is None:
         raise InvalidInputError("--index needs --image REGISTRY/NAME: the repository the pods pull")
     base = parse_reference(image) if image is not None else target.reference
     assert base is not None
     repository_text = f"{base.registry}/{base.repository}" if image is None else image
-    client = None
-    if cluster:
-        documents = [doc for path in cluster for doc in _cluster_file(path)]
-    else:
-        from docker_variant.k8s.apiserver import GANG_FIELD_MANAGER, cluster_state, connect
-
-        client = connect(kubeconfig, strict=True, field_manager=GANG_FIELD_MANAGER)
-        documents = list(cluster_state(client))
-    state = read_cluster(cluster_objects(documents))
+    client, state = _gang_cluster(cluster, kubeconfig)
     found = plan_gang(target.index, state, pods, count)
     if isinstance(found, Refusal):
         error(
             f"no variant of {target.describe()} fits a gang of {pods} pods "
             f"with {count} free device{'s' if count > 1 else ''} each now:"
         )
-        for label, why in sorted(found.reasons.items()):
-            sys.stderr.write(safe_text(f"  {label}: {why}", markup=False) + "\n")
+        _print_reasons(found.reasons)
         raise typer.Exit(1)
     if not found.plan.candidate.digest:
         warn(
@@ -345,10 +322,70 @@ def k8s_gang(
         for created in create_all(client, objects, namespace):
             sys.stdout.write(f"{created} created\n")
         return
+    _print_objects(objects, namespace, opts.json)
+
+
+def _check_gang_options(
+    cluster: list[Path] | None,
+    apply: bool,
+    kubeconfig: Path | None,
+    name: str | None,
+    namespace: str | None,
+    image: str | None,
+) -> None:
+    """``k8s gang``'s options, each checked alone or against another: exit 2 naming it."""
+    from docker_variant.errors import InvalidInputError
+    from docker_variant.k8s.claim import check_dns_subdomain
+    from docker_variant.oci.reference import parse_reference
+
+    if cluster and (apply or kubeconfig is not None):
+        raise InvalidInputError(
+            "--cluster reads files: it goes with neither --apply nor --kubeconfig"
+        )
+    if name is not None:
+        check_dns_subdomain(name, "--name")
+        if len(name) > 63 or "." in name:
+            raise InvalidInputError(
+                f"--name {name!r}: a Job's name is a DNS label (no '.', at most 63)"
+            )
+    if namespace is not None:
+        check_dns_subdomain(namespace, "--namespace")
+    if image is not None:
+        repository = parse_reference(image)
+        if repository.tag or repository.digest:
+            raise InvalidInputError(
+                f"--image {image!r}: name the repository alone; the gang pins the variant's digest"
+            )
+
+
+def _print_reasons(reasons: dict[str, str]) -> None:
+    for label, why in sorted(reasons.items()):
+        sys.stderr.write(safe_text(f"  {label}: {why}", markup=False) + "\n")
+
+
+def _gang_cluster(cluster: list[Path] | None, kubeconfig: Path | None) -> tuple[Any, Any]:
+    """The apiserver's client (None for ``--cluster`` files) and the cluster's state."""
+    from docker_variant.k8s.gang import cluster_objects, read_cluster
+
+    client = None
+    if cluster:
+        documents = [doc for path in cluster for doc in _cluster_file(path)]
+    else:
+        from docker_variant.k8s.apiserver import GANG_FIELD_MANAGER, cluster_state, connect
+
+        client = connect(kubeconfig, strict=True, field_manager=GANG_FIELD_MANAGER)
+        documents = list(cluster_state(client))
+    return client, read_cluster(cluster_objects(documents))
+
+
+def _print_objects(objects: list[dict[str, Any]], namespace: str | None, as_json: bool) -> None:
+    """The objects as YAML documents (or JSON), in ``namespace`` when one is given."""
+    from docker_variant.k8s.yamltext import dump_yaml
+
     if namespace is not None:
         for obj in objects:
             obj["metadata"]["namespace"] = namespace
-    if opts.json:
+    if as_json:
         emit_json(objects)
     else:
         sys.stdout.write(

@@ -67,6 +67,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_version_argument(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_serve_command(commands)
+    add_agent_command(commands)
+    _add_what_if_command(commands)
+    _add_cordon_commands(commands)
+    return parser
+
+
+def _add_serve_command(commands: Any) -> None:
     serve = commands.add_parser("serve", help="run the HTTP API")
     serve.add_argument(
         "--db",
@@ -115,31 +123,31 @@ def _parser() -> argparse.ArgumentParser:
         help=f"bytes of the request kept with each placement, for replace (default "
         f"${MAX_REQUEST_ENV}, else {DEFAULT_MAX_REQUEST}; 0: no limit)",
     )
-    serve.add_argument(
+    _add_agent_auth_arguments(serve.add_argument_group("agent identity"))
+    add_tls_arguments(serve, client_ca=True)
+    add_connection_limit_arguments(serve, max_head_bytes=64 << 10, keep_alive=5)
+    add_log_level_argument(serve)
+
+
+def _add_agent_auth_arguments(group: Any) -> None:
+    group.add_argument(
         "--agent-auth",
         choices=("tokens", "kubernetes"),
         default="tokens",
         help="how agents prove who they are: their [[token]] entries (default), or also their "
         "projected ServiceAccount token, reviewed by the apiserver and bound to its pod's Node",
     )
-    serve.add_argument(
+    group.add_argument(
         "--agent-service-account",
         default="docker-variant/variant-agent",
         metavar="NAMESPACE/NAME",
         help="--agent-auth kubernetes: the agents' ServiceAccount (default docker-variant/variant-agent)",
     )
-    serve.add_argument(
+    group.add_argument(
         "--kubeconfig",
         metavar="FILE",
         help="--agent-auth kubernetes: the apiserver (default: in-cluster, else $KUBECONFIG)",
     )
-    add_tls_arguments(serve, client_ca=True)
-    add_connection_limit_arguments(serve, max_head_bytes=64 << 10, keep_alive=5)
-    add_log_level_argument(serve)
-    add_agent_command(commands)
-    _add_what_if_command(commands)
-    _add_cordon_commands(commands)
-    return parser
 
 
 def _limit(text: str) -> int:
