@@ -62,7 +62,7 @@ from docker_variant.scheduler.store import (
 )
 from docker_variant.scheduler.tokens import ANONYMOUS, Principal, TokenFile, TokenTable
 from docker_variant.scheduler.whatif import parse_what_if, what_if_in_groups
-from docker_variant.server.auth import bearer_token
+from docker_variant.server.auth import basic_token, bearer_token
 from docker_variant.server.bodies import BodyTooLargeError, read_body
 from docker_variant.server.errors import error_kind, oci_error
 from docker_variant.variant.index import VariantIndex
@@ -185,7 +185,7 @@ def create_app(
     def caller(request: Request, *roles: str, browser: bool = False) -> Principal:
         if tokens is None:
             return ANONYMOUS
-        token = bearer_token(request) or (ui.basic_token(request) if browser else None)
+        token = bearer_token(request) or (basic_token(request) if browser else None)
         if token is None:
             raise _Unauthorized(
                 "a bearer token is required (Authorization: Bearer TOKEN)", basic=browser
@@ -411,7 +411,7 @@ def create_app(
         return await ui.fleet_page(request, store, who, resolve, credential(request))
 
     def credential(request: Request) -> str | None:
-        return None if tokens is None else bearer_token(request) or ui.basic_token(request)
+        return None if tokens is None else bearer_token(request) or basic_token(request)
 
     @_guard
     async def fleet_cordon(request: Request) -> Response:
