@@ -41,7 +41,7 @@ from docker_variant.errors import InvalidInputError, UnreachableError
 from docker_variant.jsondoc import load_json
 from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.errors import NotFoundError, RegistryError
-from docker_variant.oci.reference import Reference, parse_reference
+from docker_variant.oci.reference import Reference
 from docker_variant.oci.source import fetch_index
 from docker_variant.openapi import document as openapi_document
 from docker_variant.planner.placement import Refusal
@@ -50,6 +50,7 @@ from docker_variant.scheduler.database import DatabaseUnavailableError
 from docker_variant.scheduler.documents import (
     PlacementRequest,
     parse_agent_report,
+    parse_image,
     parse_placement_body,
 )
 from docker_variant.scheduler.kubeauth import KubernetesAgents
@@ -70,7 +71,7 @@ from docker_variant.variant.selection import Candidate
 
 __all__ = ["IndexFetcher", "create_app"]
 
-IndexFetcher = Callable[[str | Reference], tuple[Reference, VariantIndex]]
+IndexFetcher = Callable[[Reference], tuple[Reference, VariantIndex]]
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 _log = logging.getLogger("docker_variant.scheduler")
@@ -265,13 +266,10 @@ def create_app(
     async def uncordon_agent(request: Request) -> Response:
         return await set_cordon(request, False)
 
-    def check_registry(image: str) -> Reference:
-        reference = parse_reference(image)
-        if reference.tag is None:
-            raise InvalidInputError(
-                f"{reference}: a version tag is needed, e.g. {reference.name}:1.0.0"
-            )
+    def check_registry(reference: Reference) -> Reference:
+        """``reference`` (parsed and tagged: ``parse_image``) if its registry may be contacted."""
         if reference.registry not in allowed and not any_registry:
+            image = reference.familiar()  # as the client is likely to have written it
             if not allowed:
                 raise InvalidInputError(
                     f"image {image!r}: this scheduler resolves no registry images (start it "
@@ -316,7 +314,7 @@ def create_app(
         index, image_of = await target_of(wanted)
         outcome = await run_in_threadpool(store.place, index, wanted, image_of, who.name)
         if isinstance(outcome, Refusal):
-            what = wanted.image or "the index"
+            what = wanted.image.familiar() if wanted.image else "the index"
             message = f"no variant of {what} can be placed on {wanted.nodes} node(s)"
             return JSONResponse({"message": message, "reasons": outcome.reasons}, 409)
         location = f"/v1/placements/{outcome['id']}"
@@ -402,7 +400,8 @@ def create_app(
         return Response(openapi_document("scheduler"), media_type="application/json")
 
     async def resolve(image: str) -> VariantIndex:
-        return (await run_in_threadpool(fetch, check_registry(image)))[1]
+        """The page's image field (``ui.py``), read as a placement's ``image``."""
+        return (await run_in_threadpool(fetch, check_registry(parse_image(image))))[1]
 
     @_guard
     async def fleet_view(request: Request) -> Response:
