@@ -412,12 +412,23 @@ def test_a_placement_body_sent_again_is_read_once_and_a_bad_one_fails_each_time(
 # --------------------------------------------------------------------------- images
 
 
-def test_image_reference_is_resolved_through_the_fetcher(sqlite_store: Store) -> None:
-    seen: list[str] = []
+def test_a_placement_image_is_parsed_once_into_a_reference() -> None:
+    """documents.py reads the text; the layers above take the typed value, and the request
+    kept for replace reads back the same."""
+    body = {"image": "reg.example:5000/ml/app:2.0", "nodes": 1, "devices_per_node": 0}
+    request = parse_placement_request(body)
+    assert request.image == Reference("reg.example:5000", "ml/app", "2.0")
+    assert parse_placement_request(json.loads(request.stored_text)) == request
+    hub = parse_placement_request(body | {"image": "app:1"})
+    assert hub.image == parse_reference("docker.io/library/app:1")
 
-    def fetch(ref: str | Reference) -> tuple[Reference, VariantIndex]:
-        seen.append(str(ref))
-        return parse_reference(str(ref)), VariantIndex.from_json(INDEX, str(ref))
+
+def test_image_reference_is_resolved_through_the_fetcher(sqlite_store: Store) -> None:
+    seen: list[Reference] = []
+
+    def fetch(ref: Reference) -> tuple[Reference, VariantIndex]:
+        seen.append(ref)  # the Reference documents.py parsed: no text to parse again
+        return ref, VariantIndex.from_json(INDEX, str(ref))
 
     with client_for(sqlite_store, fetch, registries=["reg.example:5000"]) as api:
         put_agent(api, "b200", agent_body(B200_R580, 2))
@@ -428,7 +439,7 @@ def test_image_reference_is_resolved_through_the_fetcher(sqlite_store: Store) ->
     assert response.status_code == 201
     assert response.json()["image"] == "reg.example:5000/ml/app:2.0-cu130"
     assert response.json()["digest"] == INDEX["images"]["cu130"]["digest"]
-    assert seen == ["reg.example:5000/ml/app:2.0"]
+    assert seen == [Reference("reg.example:5000", "ml/app", "2.0")]
 
 
 def test_registry_down_is_502(sqlite_store: Store) -> None:

@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from docker_variant.errors import InvalidInputError
-from docker_variant.scheduler import Store
+from docker_variant.scheduler import Store, rows
+from docker_variant.scheduler.documents import SHARE
 from docker_variant.scheduler.tokens import load_tokens
 from test_scheduler_api import client_for, error_message, place, put_agent
 from test_scheduler_security import TOKENS_TOML, bearer
@@ -339,3 +340,31 @@ def test_a_database_from_before_shares_is_refused_in_one_line(tmp_path: Path) ->
         )
     with pytest.raises(InvalidInputError, match="made by an older variant-scheduler"):
         Store.open(f"sqlite:///{path}")
+
+
+# --------------------------------------------------------------------------- degraded_by
+
+
+def _states(**healthy: bool) -> dict[tuple[str, str], rows.DeviceState]:
+    return {("cuda", d): rows.DeviceState("profile", SHARE, ok) for d, ok in healthy.items()}
+
+
+def test_degraded_by_names_the_first_failed_device_of_each_placement() -> None:
+    held = [
+        ("cuda", "GPU-0", "p1"),
+        ("cuda", "GPU-1", "p1"),  # also failed: p1 keeps the first reason
+        ("cuda", "GPU-2", "p2"),
+        ("cuda", "GPU-3", "p3"),  # healthy: p3 is not degraded
+        (rows.HOST_ROW, rows.HOST_ROW, "p4"),  # a host-only placement holds no device
+    ]
+    reported = _states(**{"GPU-0": False, "GPU-1": False, "GPU-3": True})  # GPU-2 is gone
+    assert rows.degraded_by("node", held, reported) == {
+        "p1": "agent node: device cuda/GPU-0 is unhealthy",
+        "p2": "agent node: device cuda/GPU-2 is no longer reported",
+    }
+
+
+def test_degraded_by_is_empty_while_every_held_device_is_healthy() -> None:
+    held = [("cuda", "GPU-0", "p1"), ("cuda", "GPU-1", "p2")]
+    assert rows.degraded_by("node", held, _states(**{"GPU-0": True, "GPU-1": True})) == {}
+    assert rows.degraded_by("node", [], {}) == {}

@@ -46,7 +46,7 @@ from docker_variant.errors import InvalidInputError, UnreachableError
 from docker_variant.jsondoc import load_json
 from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.errors import NotFoundError, RegistryError
-from docker_variant.oci.reference import Reference, parse_reference
+from docker_variant.oci.reference import Reference
 from docker_variant.oci.source import fetch_index
 from docker_variant.openapi import document as openapi_document
 from docker_variant.planner.placement import Refusal
@@ -55,6 +55,7 @@ from docker_variant.scheduler.database import DatabaseUnavailableError
 from docker_variant.scheduler.documents import (
     PlacementRequest,
     parse_agent_report,
+    parse_image,
     parse_placement_body,
 )
 from docker_variant.scheduler.kubeauth import KubernetesAgents
@@ -67,7 +68,7 @@ from docker_variant.scheduler.store import (
 )
 from docker_variant.scheduler.tokens import ANONYMOUS, Principal, TokenFile, TokenTable
 from docker_variant.scheduler.whatif import parse_what_if, what_if_in_groups
-from docker_variant.server.auth import bearer_token
+from docker_variant.server.auth import basic_token, bearer_token
 from docker_variant.server.bodies import read_body
 from docker_variant.server.errors import error_handlers, error_kind, handler_for, oci_error
 from docker_variant.variant.index import VariantIndex
@@ -75,7 +76,7 @@ from docker_variant.variant.selection import Candidate
 
 __all__ = ["Callers", "IndexFetcher", "RegistryPolicy", "SchedulerEndpoints", "create_app"]
 
-IndexFetcher = Callable[[str | Reference], tuple[Reference, VariantIndex]]
+IndexFetcher = Callable[[Reference], tuple[Reference, VariantIndex]]
 
 _MAX_BODY = 16 * 1024 * 1024
 _REALM = "variant-scheduler"
@@ -190,7 +191,7 @@ class Callers:
         """The caller, refused (401, 403) unless it holds one of ``roles`` (any with none)."""
         if self.tokens is None:
             return ANONYMOUS
-        token = bearer_token(request) or (ui.basic_token(request) if browser else None)
+        token = bearer_token(request) or (basic_token(request) if browser else None)
         if token is None:
             raise _Unauthorized(
                 "a bearer token is required (Authorization: Bearer TOKEN)", basic=browser
@@ -223,7 +224,7 @@ class Callers:
         """The token a browser's form must be bound to (ui.py's key against CSRF)."""
         if self.tokens is None:
             return None
-        return bearer_token(request) or ui.basic_token(request)
+        return bearer_token(request) or basic_token(request)
 
 
 class RegistryPolicy:
@@ -235,14 +236,11 @@ class RegistryPolicy:
         self.allowed = frozenset(registries or ())
         self.any_registry = not self.allowed and open_to_any
 
-    def check(self, image: str) -> Reference:
-        """``image`` as a reference with a tag, on a registry the scheduler may contact."""
-        reference = parse_reference(image)
-        if reference.tag is None:
-            raise InvalidInputError(
-                f"{reference}: a version tag is needed, e.g. {reference.name}:1.0.0"
-            )
+    def check(self, reference: Reference) -> Reference:
+        """``reference`` (parsed and tagged: ``documents.parse_image``) if its registry may
+        be contacted."""
         if reference.registry not in self.allowed and not self.any_registry:
+            image = reference.familiar()  # as the client is likely to have written it
             if not self.allowed:
                 raise InvalidInputError(
                     f"image {image!r}: this scheduler resolves no registry images (start it "
@@ -393,7 +391,7 @@ class SchedulerEndpoints:
         index, image_of = await self._target_of(wanted)
         outcome = await run_in_threadpool(self.store.place, index, wanted, image_of, who.name)
         if isinstance(outcome, Refusal):
-            what = wanted.image or "the index"
+            what = wanted.image.familiar() if wanted.image else "the index"
             message = f"no variant of {what} can be placed on {wanted.nodes} node(s)"
             return JSONResponse({"message": message, "reasons": outcome.reasons}, 409)
         location = f"/v1/placements/{outcome['id']}"
@@ -477,7 +475,8 @@ class SchedulerEndpoints:
     # --------------------------------------------------------------------- the fleet page
 
     async def _resolve(self, image: str) -> VariantIndex:
-        return (await run_in_threadpool(self.fetch, self.registries.check(image)))[1]
+        """The page's image field (``ui.py``), read as a placement's ``image``."""
+        return (await run_in_threadpool(self.fetch, self.registries.check(parse_image(image))))[1]
 
     async def fleet_view(self, request: Request) -> Response:
         # a browser sends the token as a Basic password (ui.py); the role is a client's

@@ -17,6 +17,7 @@ from typing import Any
 from docker_variant.api.names import DEFAULT_RESOURCE_GROUP, DEVICE_NAME, ID, check_agent_id
 from docker_variant.errors import InvalidInputError
 from docker_variant.jsondoc import load_json
+from docker_variant.oci.reference import Reference, parse_reference
 from docker_variant.planner.kept import Kept
 from docker_variant.planner.pool import SHARE, AgentReport
 from docker_variant.variant.index import VariantIndex
@@ -30,6 +31,7 @@ __all__ = [
     "AgentReport",
     "PlacementRequest",
     "parse_agent_report",
+    "parse_image",
     "parse_placement_body",
     "parse_placement_request",
 ]
@@ -138,12 +140,12 @@ def parse_agent_report(data: object, path_agent_id: str) -> AgentReport:
 
 @dataclass(frozen=True)
 class PlacementRequest:
-    """Where to run ``image`` (a reference) or ``index`` (an index document): ``nodes``
+    """Where to run ``image`` (a tagged reference) or ``index`` (an index document): ``nodes``
     nodes with ``devices_per_node`` devices each (0: judged on the host lists alone)."""
 
     nodes: int
     devices_per_node: int
-    image: str | None = None
+    image: Reference | None = None
     index: VariantIndex | None = None
     resource_group: str | None = None
     device_name: str | None = None
@@ -154,7 +156,7 @@ class PlacementRequest:
         """The request as a client would send it (kept with a placement, for ``replace``)."""
         document: dict[str, Any] = {"nodes": self.nodes, "devices_per_node": self.devices_per_node}
         if self.image is not None:
-            document["image"] = self.image
+            document["image"] = str(self.image)
         if self.index is not None:
             document["index"] = _index_document(self.index)
         for key, value in (
@@ -210,6 +212,19 @@ def _index(data: object) -> VariantIndex:
     return _INDEXES.put(key, index)  # one read meanwhile by another thread is dropped
 
 
+def parse_image(value: object) -> Reference:
+    """``{"image": REF}``: a reference with a version tag. The one place its text is read:
+    the layers above take the ``Reference``."""
+    if not isinstance(value, str) or not value:
+        raise InvalidInputError(f"image must be a reference such as reg/app:1.0, got {value!r}")
+    reference = parse_reference(value)
+    if reference.tag is None:
+        raise InvalidInputError(
+            f"{reference}: a version tag is needed, e.g. {reference.name}:1.0.0"
+        )
+    return reference
+
+
 def parse_placement_request(data: object) -> PlacementRequest:
     request = _object(data, "a placement request")
     known = {"image", "index", "nodes", "devices_per_node", "resource_group", "device_name"}
@@ -219,9 +234,7 @@ def parse_placement_request(data: object) -> PlacementRequest:
         raise InvalidInputError(
             'give exactly one of "image" (registry/name:version) or "index" (a variant index)'
         )
-    image = request.get("image")
-    if image is not None and (not isinstance(image, str) or not image):
-        raise InvalidInputError(f"image must be a reference such as reg/app:1.0, got {image!r}")
+    image = parse_image(request["image"]) if "image" in request else None
     index = None
     if "index" in request:
         index = _index(request["index"])

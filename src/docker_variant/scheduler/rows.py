@@ -22,7 +22,7 @@ import json
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     Connection,
@@ -74,10 +74,12 @@ __all__ = [
     "HOST_ROW",
     "STATES",
     "Change",
+    "DeviceState",
     "Prepared",
     "Rows",
     "Stale",
     "Usage",
+    "degraded_by",
     "iso",
     "lost_race",
     "retryable",
@@ -347,6 +349,17 @@ def report_documents(report: AgentReport) -> dict[ProfileKey, SupportedLists]:
     return documents
 
 
+class DeviceState(NamedTuple):
+    """One device of an agent, as reported and as stored in ``devices``."""
+
+    profile: ProfileKey
+    capacity: int  # shares, in millionths
+    healthy: bool
+
+
+DeviceStates = dict[tuple[str, str], DeviceState]  # (device name, device id) -> state
+
+
 def record_report(
     conn: Connection,
     report: AgentReport,
@@ -356,10 +369,41 @@ def record_report(
     """Write a heartbeat; when it changed the agent (group, lists, platform, devices), also
     its devices, the placements it degrades (a device it held now unhealthy or missing), and
     the new pool version with what the agent's allocated devices have in use; else (0, {})."""
-    documents = report_documents(report)
-    group, host, platform = report.resource_group, profile_key(report.host), report.platform
-    reported = {
-        (name, device_id): (
+    reported = reported_states(report)
+    host = profile_key(report.host)
+    known = _stored_states(conn, report.agent_id)
+    changed = known != reported or _agent_changed(conn, report, host)
+    if changed:
+        _insert_profiles(conn, report, known_profiles)
+    _upsert_agent(conn, report, host, now)  # its last_seen, changed or not
+    if not changed:
+        return 0, {}
+    _replace_devices(conn, report.agent_id, reported)
+    _resize_usage(conn, report.agent_id, known, reported)
+    held_rows = conn.execute(
+        select(
+            allocations.c.device_name,
+            allocations.c.device_id,
+            allocations.c.placement_id,
+            allocations.c.shares,
+        ).where(allocations.c.agent_id == report.agent_id)
+    ).all()
+    held = [(name, device_id, placement) for name, device_id, placement, _ in held_rows]
+    reasons = degraded_by(report.agent_id, held, reported)
+    degrade(conn, {placement: (reason, now) for placement, reason in reasons.items()})
+    in_use = {
+        (name, device_id): used
+        for (_, name, device_id), used in usage_of(
+            (report.agent_id, n, d, shares) for n, d, _, shares in held_rows
+        ).items()
+    }
+    return bump_pool(conn), in_use
+
+
+def reported_states(report: AgentReport) -> DeviceStates:
+    """Each device of ``report``: its lists' profile, its shares and whether it is healthy."""
+    return {
+        (name, device_id): DeviceState(
             profile_key(lists),
             report.capacity.get((name, device_id), SHARE),
             (name, device_id) not in report.unhealthy,
@@ -367,31 +411,65 @@ def record_report(
         for name, members in report.devices.items()
         for device_id, lists in members.items()
     }
+
+
+def degraded_by(
+    agent_id: str,
+    held: Iterable[tuple[str, str, str]],
+    reported: Mapping[tuple[str, str], DeviceState],
+) -> dict[str, str]:
+    """Placement id -> why, for each placement that holds (``held``: device name, device
+    id, placement id, the agent's allocations) a device ``reported`` now unhealthy or no
+    longer has; the first such device of a placement names the reason. Pure."""
+    reasons: dict[str, str] = {}
+    for name, device_id, placement_id in held:
+        if name == HOST_ROW or placement_id in reasons:
+            continue
+        state = reported.get((name, device_id))
+        trouble = "no longer reported" if state is None else None if state.healthy else "unhealthy"
+        if trouble is not None:
+            reasons[placement_id] = f"agent {agent_id}: device {name}/{device_id} is {trouble}"
+    return reasons
+
+
+def _stored_states(conn: Connection, agent_id: str) -> DeviceStates:
+    return {
+        (name, device_id): DeviceState(profile, capacity, bool(healthy))
+        for _, name, device_id, profile, capacity, healthy in conn.execute(
+            select(devices).where(devices.c.agent_id == agent_id)
+        )
+    }
+
+
+def _agent_changed(conn: Connection, report: AgentReport, host: ProfileKey) -> bool:
+    """Whether the agent is new, or its group, host lists or platform changed."""
     before = conn.execute(
         select(agents.c.resource_group, agents.c.host_profile, agents.c.platform).where(
             agents.c.agent_id == report.agent_id
         )
     ).first()
-    known = {
-        (name, device_id): (profile, capacity, bool(healthy))
-        for _, name, device_id, profile, capacity, healthy in conn.execute(
-            select(devices).where(devices.c.agent_id == report.agent_id)
-        )
-    }
-    changed = before is None or tuple(before) != (group, host, platform)
-    changed = changed or known != reported
-    if changed:
-        missing = [key for key in documents if key not in known_profiles]
-        if missing:
-            rows = [{"id": key, "lists": json.dumps(documents[key])} for key in missing]
-            conn.execute(_insert(conn, profiles).on_conflict_do_nothing(), rows)
+    return before is None or tuple(before) != (report.resource_group, host, report.platform)
+
+
+def _insert_profiles(
+    conn: Connection, report: AgentReport, known_profiles: Mapping[ProfileKey, object]
+) -> None:
+    """The supported-lists documents of ``report`` that are not stored yet."""
+    documents = report_documents(report)
+    missing = [key for key in documents if key not in known_profiles]
+    if missing:
+        rows = [{"id": key, "lists": json.dumps(documents[key])} for key in missing]
+        conn.execute(_insert(conn, profiles).on_conflict_do_nothing(), rows)
+
+
+def _upsert_agent(conn: Connection, report: AgentReport, host: ProfileKey, now: float) -> None:
     upsert = _insert(conn, agents).values(
         agent_id=report.agent_id,
-        resource_group=group,
+        resource_group=report.resource_group,
         host_profile=host,
         first_seen=now,
         last_seen=now,
-        platform=platform,
+        platform=report.platform,
     )
     conn.execute(
         upsert.on_conflict_do_update(
@@ -404,30 +482,38 @@ def record_report(
             },
         )
     )
-    if not changed:
-        return 0, {}
-    conn.execute(delete(devices).where(devices.c.agent_id == report.agent_id))
+
+
+def _replace_devices(conn: Connection, agent_id: str, reported: DeviceStates) -> None:
+    conn.execute(delete(devices).where(devices.c.agent_id == agent_id))
     if reported:
         conn.execute(
             insert(devices),
             [
                 {
-                    "agent_id": report.agent_id,
+                    "agent_id": agent_id,
                     "device_name": name,
                     "device_id": device_id,
-                    "profile": profile,
-                    "capacity": capacity,
-                    "healthy": healthy,
+                    "profile": state.profile,
+                    "capacity": state.capacity,
+                    "healthy": state.healthy,
                 }
-                for (name, device_id), (profile, capacity, healthy) in reported.items()
+                for (name, device_id), state in reported.items()
             ],
         )
+
+
+def _resize_usage(
+    conn: Connection, agent_id: str, known: DeviceStates, reported: DeviceStates
+) -> None:
+    """A device reported with other shares than stored: a device partly used keeps at
+    least what it has in use."""
     resized = [
-        {"a": report.agent_id, "n": name, "d": device_id, "c": capacity}
-        for (name, device_id), (_, capacity, _) in reported.items()
-        if (name, device_id) not in known or known[(name, device_id)][1] != capacity
+        {"a": agent_id, "n": name, "d": device_id, "c": state.capacity}
+        for (name, device_id), state in reported.items()
+        if (name, device_id) not in known or known[(name, device_id)].capacity != state.capacity
     ]
-    if resized:  # a device partly used keeps at least what it has in use
+    if resized:
         conn.execute(
             device_usage.update()
             .where(
@@ -444,31 +530,6 @@ def record_report(
             ),
             resized,
         )
-    held_rows = conn.execute(
-        select(
-            allocations.c.device_name,
-            allocations.c.device_id,
-            allocations.c.placement_id,
-            allocations.c.shares,
-        ).where(allocations.c.agent_id == report.agent_id)
-    ).all()
-    degraded: dict[str, tuple[str, float]] = {}
-    for name, device_id, placement_id, _ in held_rows:
-        if name == HOST_ROW:
-            continue
-        state = reported.get((name, device_id))
-        trouble = "no longer reported" if state is None else None if state[2] else "unhealthy"
-        if trouble is not None and placement_id not in degraded:
-            reason = f"agent {report.agent_id}: device {name}/{device_id} is {trouble}"
-            degraded[placement_id] = (reason, now)
-    degrade(conn, degraded)
-    held = {
-        (name, device_id): used
-        for (_, name, device_id), used in usage_of(
-            (report.agent_id, n, d, shares) for n, d, _, shares in held_rows
-        ).items()
-    }
-    return bump_pool(conn), held
 
 
 def usage_of(rows: Iterable[Any]) -> dict[DeviceKey, int]:

@@ -24,8 +24,6 @@ number). It is served with a Content-Security-Policy that allows no script at al
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hmac
 import json
 import secrets
@@ -60,7 +58,6 @@ from docker_variant.variant.virtual import virtual_host
 __all__ = [
     "SECURITY_HEADERS",
     "ForgedFormError",
-    "basic_token",
     "cordon_form",
     "fleet_page",
     "form_key",
@@ -108,19 +105,6 @@ async def cordon_form(request: Request, credential: str | None) -> tuple[str, bo
     if action not in ("cordon", "uncordon"):
         raise InvalidInputError(f"action {action!r} is not one of cordon, uncordon")
     return check_agent_id(fields.get("agent_id")), action == "cordon"
-
-
-def basic_token(request: Request) -> str | None:
-    """The password of ``Authorization: Basic ...``: how a browser sends the token."""
-    scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "basic":
-        return None
-    try:
-        decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
-        return None
-    _, colon, password = decoded.partition(":")
-    return password if colon and password else None
 
 
 @dataclass(frozen=True)
