@@ -177,7 +177,7 @@ def test_what_if_takes_a_ca_file_and_a_client_certificate(
     templates = tmp_path / "templates.json"
     templates.write_text('[{"name": "cpu", "host": {}}]')
     request = tmp_path / "request.json"
-    request.write_text('{"image": "x", "nodes": 1, "devices_per_node": 0}')
+    request.write_text('{"image": "x:1", "nodes": 1, "devices_per_node": 0}')
     token = tmp_path / "ops.token"
     token.write_text(ADMIN_TOKEN)
     ask = ["what-if", "--scheduler", service.url, "--token-file", str(token),
@@ -215,7 +215,7 @@ def test_bad_tls_files_are_one_line_and_exit_2(
 ) -> None:
     scheduler = ["--scheduler", "https://127.0.0.1:1"]
     request = tmp_path / "request.json"
-    request.write_text('{"image": "x", "nodes": 1, "devices_per_node": 0}')
+    request.write_text('{"image": "x:1", "nodes": 1, "devices_per_node": 0}')
     templates = tmp_path / "templates.json"
     templates.write_text("[]")
     for args, expected in _bad_tls_cases(tmp_path, ca):

@@ -185,12 +185,8 @@ def _run_cordon(args: Any, error: Callable[[str], Any]) -> int:
     scheduler failed."""
     from pathlib import Path
 
-    import httpx
-
-    from docker_variant.agent.client import check_scheduler_url, read_token, scheduler_failure
+    from docker_variant.agent.client import check_scheduler_url, read_token
     from docker_variant.api.names import check_agent_id
-    from docker_variant.jsondoc import load_json
-    from docker_variant.oci.http import read_response, sync_client
 
     try:
         scheduler = check_scheduler_url(args.scheduler)
@@ -200,25 +196,46 @@ def _run_cordon(args: Any, error: Callable[[str], Any]) -> int:
     except InvalidInputError as exc:
         error(one_line(str(exc)))
         return 2
+    asked = _post(scheduler, f"/v1/agents/{agent_id}/{args.command}", token, None, 1 << 20, 30)
+    if isinstance(asked, int):
+        return asked
+    status, reason, data, answer = asked
+    if status != 200 or not isinstance(answer, dict):
+        return _failed(status, reason, data)
+    already = "" if answer.get("changed") else "already "
+    sys.stdout.write(f"agent {agent_id}: {already}{args.command}ed\n")
+    return 0
+
+
+def _post(
+    scheduler: str, path: str, token: str | None, body: object, limit: int, timeout: float
+) -> tuple[int, str, bytes, Any] | int:
+    """POST ``body`` (JSON; None: no body) to ``scheduler`` + ``path``: the answer's status,
+    reason, bytes (at most ``limit``) and, for a 200, its JSON; or exit code 3 when no answer
+    came (the line on stderr says why)."""
+    import httpx
+
+    from docker_variant.agent.client import scheduler_failure
+    from docker_variant.jsondoc import load_json
+    from docker_variant.oci.http import read_response, sync_client
+
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    url = f"{scheduler}/v1/agents/{agent_id}/{args.command}"
+    url = f"{scheduler}{path}"
     try:
-        with sync_client(timeout=30, headers=headers) as http, http.stream("POST", url) as response:
-            data = read_response(response, 1 << 20, url)
+        with (
+            sync_client(timeout=timeout, headers=headers) as http,
+            http.stream("POST", url, json=body) as response,
+        ):
+            data = read_response(response, limit, url)
         answer = load_json(data, f"{url} answer") if response.status_code == 200 else None
     except httpx.HTTPError as exc:
-        sys.stderr.write(
-            f"variant-scheduler: error: {scheduler}: {scheduler_failure(exc, scheduler)}\n"
-        )
+        why = scheduler_failure(exc, scheduler)
+        sys.stderr.write(f"variant-scheduler: error: {scheduler}: {why}\n")
         return 3
     except (UnreachableError, InvalidInputError) as exc:
         sys.stderr.write(f"variant-scheduler: error: {scheduler}: {one_line(str(exc))}\n")
         return 3
-    if response.status_code != 200 or not isinstance(answer, dict):
-        return _failed(response.status_code, response.reason_phrase, data)
-    already = "" if answer.get("changed") else "already "
-    sys.stdout.write(f"agent {agent_id}: {already}{args.command}ed\n")
-    return 0
+    return response.status_code, response.reason_phrase, data, answer
 
 
 def _failed(status: int, reason: str, data: bytes) -> int:
@@ -256,11 +273,8 @@ def _run_what_if(args: Any, error: Callable[[str], Any]) -> int:
     import json
     from pathlib import Path
 
-    import httpx
-
-    from docker_variant.agent.client import check_scheduler_url, read_token, scheduler_failure
+    from docker_variant.agent.client import check_scheduler_url, read_token
     from docker_variant.jsondoc import load_json, read_json_file
-    from docker_variant.oci.http import read_response, sync_client
     from docker_variant.scheduler.whatif import parse_what_if
 
     try:
@@ -279,27 +293,16 @@ def _run_what_if(args: Any, error: Callable[[str], Any]) -> int:
     except InvalidInputError as exc:
         error(one_line(str(exc)))
         return 2
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    url = f"{scheduler}/v1/what-if"
-    try:
-        with (
-            sync_client(timeout=60, headers=headers) as http,
-            http.stream("POST", url, json=body) as response,
-        ):
-            data = read_response(response, _WHAT_IF_ANSWER_LIMIT, url)
-        answer = load_json(data, f"{url} answer") if response.status_code == 200 else None
-    except httpx.HTTPError as exc:
-        sys.stderr.write(
-            f"variant-scheduler: error: {scheduler}: {scheduler_failure(exc, scheduler)}\n"
-        )
-        return 3
-    except (UnreachableError, InvalidInputError) as exc:
-        sys.stderr.write(f"variant-scheduler: error: {scheduler}: {one_line(str(exc))}\n")
-        return 3
-    if response.status_code != 200:
-        return _failed(response.status_code, response.reason_phrase, data)
+    asked = _post(scheduler, "/v1/what-if", token, body, _WHAT_IF_ANSWER_LIMIT, 60)
+    if isinstance(asked, int):
+        return asked
+    status, reason, data, answer = asked
+    if status != 200:
+        return _failed(status, reason, data)
     if not isinstance(answer, dict):
-        sys.stderr.write(f"variant-scheduler: error: {url}: the answer is not a JSON object\n")
+        sys.stderr.write(
+            f"variant-scheduler: error: {scheduler}/v1/what-if: the answer is not a JSON object\n"
+        )
         return 3
     sys.stdout.write(json.dumps(answer, indent=2) + "\n")
     return 0 if answer.get("fits_now") or answer.get("options") else 1
