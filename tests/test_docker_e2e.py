@@ -408,3 +408,25 @@ def test_the_readme_demo_runs_and_cleans_up() -> None:
     assert 'Selected variant "cpu"' in choices  # the old driver rules out both CUDA variants
     removed = result.stdout.rsplit("removed ", 1)[1].strip()
     assert removed.startswith("/tmp/dv-demo-") and not Path(removed).exists()
+
+
+def test_a_pull_runs_the_registrys_credential_helper_once(stack: Stack, tmp_path: Path) -> None:
+    """The registry's index and the engine's pull take the same credentials: the helper
+    (a keychain prompt, a cloud CLI) runs once for the command, not once for each."""
+    app_ref = stack.publish("e2e/helper-once", ["cu128"])
+    registry = app_ref.split("/", 1)[0]
+    bin_dir, config = tmp_path / "bin", tmp_path / "docker"
+    bin_dir.mkdir()
+    config.mkdir()
+    log = tmp_path / "helper.log"
+    helper = bin_dir / "docker-credential-countme"
+    helper.write_text(
+        f'#!/bin/sh\nread server; echo "$1 $server" >> {log}\n'
+        'echo "credentials not found in native keychain"; exit 1\n'
+    )
+    helper.chmod(0o755)
+    (config / "config.json").write_text(json.dumps({"credHelpers": {registry: "countme"}}))
+    env = {"DOCKER_CONFIG": str(config), "PATH": f"{bin_dir}{os.pathsep}{stack.env['PATH']}"}
+    host = stack.host_file("h200")
+    stack.run("docker-variant", "pull", "--providers-file", host, app_ref, env=env, check=True)
+    assert log.read_text().splitlines() == [f"get {registry}"]

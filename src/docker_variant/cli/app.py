@@ -36,6 +36,7 @@ from docker_variant.cli.options import (
 )
 from docker_variant.cli.output import broken_pipe, error, json_on_one_line, warn
 from docker_variant.errors import DockerVariantError, MissingError, UnauthorizedError
+from docker_variant.oci.credcache import credentials_once
 from docker_variant.pluginmeta import COMPLETION_COMMANDS, VERSION_LINE
 
 __all__ = ["app", "main"]
@@ -89,7 +90,8 @@ def _taking_global_options(callback: Callable[..., Any]) -> Callable[..., Any]:
         ctx.obj.use_tls()
         json_on_one_line(ctx.obj.json_lines)
         try:
-            return callback(**kwargs)
+            with credentials_once():  # each registry's credential helper runs once
+                return callback(**kwargs)
         except BrokenPipeError:  # before click, which would make it exit 1
             broken_pipe()
 

@@ -73,8 +73,9 @@ class Target:
         return tag if self.reference is None else str(self.reference.with_tag(tag))
 
 
-def target_of(ref: str | None, index: str | None) -> Target:
-    """The index of REF (from its registry) or of ``--index``: exactly one of them."""
+def target_of(ref: str | Reference | None, index: str | None) -> Target:
+    """The index of REF (from its registry) or of ``--index``: exactly one of them. A
+    command that parsed REF already passes its ``Reference``: it is not parsed again."""
     if (ref is None) == (index is None):
         raise InvalidInputError(
             "give exactly one of REF (registry/name:version) or --index FILE|URL"
@@ -305,7 +306,7 @@ def pull(
     try:
         if engine is not None:
             engine.ping()  # fail fast, before any registry traffic
-        target = local or target_of(ref, None)
+        target = local or target_of(reference, None)
         selection = choice.select(target.index)
         best = selection.best
         if best is None:

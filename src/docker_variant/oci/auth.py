@@ -25,6 +25,7 @@ import httpx
 from docker_variant.errors import InvalidInputError
 from docker_variant.jsondoc import load_json, read_json_stream
 from docker_variant.oci.bodies import BodyLimit
+from docker_variant.oci.credcache import once_per_command
 from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.errors import BadUpstreamResponseError, RegistryAuthError
 from docker_variant.oci.http import USER_AGENT, TLSFiles
@@ -114,8 +115,13 @@ def _client_pairs(files: list[Path]) -> list[tuple[str, str]]:
 
 
 def load_credentials(registry: str, config_path: Path | None = None) -> Credentials | None:
-    """The credentials Docker would use for ``registry``; ``None`` when it has none."""
+    """The credentials Docker would use for ``registry``; ``None`` when it has none (read
+    once within ``credentials_once``)."""
     path = config_path or docker_config_path()
+    return once_per_command((registry, path), lambda: _read_credentials(registry, path))
+
+
+def _read_credentials(registry: str, path: Path) -> Credentials | None:
     what = f"{path}: unreadable Docker config"
     try:
         with path.open("rb") as handle:
