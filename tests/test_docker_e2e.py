@@ -192,14 +192,16 @@ def test_a_repeated_pull_says_up_to_date_and_leaves_no_untagged_image(
     stack: Stack, app_ref: str
 ) -> None:
     """As ``docker pull``: ``Status: Downloaded newer image for REF`` when layers came,
-    ``Status: Image is up to date for REF`` when nothing did, and no ``<none>`` left."""
+    ``Status: Image is up to date for REF`` when nothing did (last on stderr: stdout keeps
+    the one line scripts read), and no ``<none>`` left."""
     stack.forget(stack.registry.address, "e2e/app")
     pull = ("variant", "pull", "--providers-file", stack.host_file("h200"), app_ref)
     variant_ref = f"{app_ref}-cu128"
     statuses = []
     for _ in range(3):
         done = stack.docker(*pull, check=True)
-        statuses.append(done.stdout.splitlines()[-1])
+        assert done.stdout.splitlines() == [done.stdout.splitlines()[0]]  # the line alone
+        statuses.append(done.stderr.splitlines()[-1])
     assert statuses == [
         f"Status: Downloaded newer image for {variant_ref}",
         f"Status: Image is up to date for {variant_ref}",

@@ -346,5 +346,6 @@ def pull(
         sys.stdout.write(target.chosen_ref(best.tag) + "\n")
     else:
         sys.stdout.write(safe_text(message, markup=False) + "\n")
-        if result is not None:  # as docker pull ends (not for --dry-run)
-            sys.stdout.write(safe_text(result.status, markup=False) + "\n")
+        if result is not None:  # as docker pull ends (not for --dry-run); on stderr, with
+            # the progress, so that stdout is the one line scripts read
+            sys.stderr.write(safe_text(result.status, markup=False) + "\n")
