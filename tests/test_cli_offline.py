@@ -243,10 +243,10 @@ def test_every_failure_is_one_error_style(files: dict[str, str], tmp_path: Path)
     no compatible variant all start ``docker-variant: error:``; a usage error hints at help."""
     unknown = run_cli("ls", "--nope")
     assert unknown.returncode == 2
-    assert unknown.stderr.splitlines() == [
-        "docker-variant: error: No such option '--nope'. Did you mean '--index'?",
-        "hint: see 'docker-variant ls --help'",
-    ]
+    first, hint = unknown.stderr.splitlines()  # click words its message by version
+    assert first.startswith("docker-variant: error: No such option")
+    assert "--nope" in first and "Did you mean" in first and "--index" in first
+    assert hint == "hint: see 'docker-variant ls --help'"
     as_plugin = run_cli("variant", "nosuchcommand")
     assert as_plugin.stderr.splitlines()[1] == "hint: see 'docker variant --help'"
     doc = {"variants": {"npu": INDEX["variants"]["npu"]}, "images": {"npu": INDEX["images"]["npu"]}}

@@ -203,6 +203,15 @@ def global_options(
 app.add_typer(k8s.k8s_app, name="k8s")
 
 
+#: What click 8.2 and later raise for a command given no arguments (``no_args_is_help``);
+#: click 8.1 prints the help and exits 2 itself (its UsageError path), so nothing to catch.
+_NO_ARGS_IS_HELP: tuple[type[click.exceptions.ClickException], ...] = tuple(
+    found
+    for found in (getattr(click.exceptions, "NoArgsIsHelpError", None),)
+    if isinstance(found, type) and issubclass(found, click.exceptions.ClickException)
+)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the command line (``argv``: the arguments, default ``sys.argv[1:]``) and exit."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -224,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     except (click.exceptions.Abort, KeyboardInterrupt):
         error("interrupted")
         sys.exit(130)
-    except click.exceptions.NoArgsIsHelpError as exc:  # the bare command: its help
+    except _NO_ARGS_IS_HELP as exc:  # the bare command: its help
         exc.show()
         sys.exit(2)
     except click.exceptions.ClickException as exc:  # usage errors: bad option, unknown command
