@@ -276,7 +276,6 @@ def k8s_gang(
     --apply) a claim template, Workload, PodGroup and Indexed Job that hold it there."""
     from docker_variant.errors import InvalidInputError
     from docker_variant.extras import KUBERNETES
-    from docker_variant.oci.reference import parse_reference
 
     KUBERNETES.require("docker-variant k8s gang")
 
@@ -289,9 +288,11 @@ def k8s_gang(
     target = target_of(ref, index)
     if image is None and target.reference is None:
         raise InvalidInputError("--index needs --image REGISTRY/NAME: the repository the pods pull")
-    base = parse_reference(image) if image is not None else target.reference
-    assert base is not None
-    repository_text = f"{base.registry}/{base.repository}" if image is None else image
+    if image is None:
+        assert target.reference is not None
+        repository_text = f"{target.reference.registry}/{target.reference.repository}"
+    else:
+        repository_text = image  # checked above: a repository alone
     client, state = _gang_cluster(cluster, kubeconfig)
     found = plan_gang(target.index, state, pods, count)
     if isinstance(found, Refusal):

@@ -44,15 +44,34 @@ def is_done(status: str) -> bool:
     return status.startswith(DONE_STATUSES)
 
 
-class LayerLines:
+class _PlainLines:
+    """Lines written to a log or a pipe, each made safe to print (the engine relays registry
+    text), the stream flushed when the context ends."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+
+    def _write(self, text: str) -> None:
+        self._stream.write(safe_text(text, markup=False) + "\n")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stream.flush()
+
+
+class LayerLines(_PlainLines):
     """A context manager whose ``__call__`` takes one engine event and writes
     ``<action> <image> layer <layer>: <status>`` to ``stream`` when a layer is done, once
     per layer (the engine relays registry text: shown safely). The image is named: a log of
     ``build --push`` holds the layers of several images, many of them alike."""
 
     def __init__(self, action: str, stream: TextIO, image: str | None = None) -> None:
+        super().__init__(stream)
         self.action = f"{action} {image} layer" if image else action
-        self._stream = stream
         self._done: set[str] = set()
 
     def __call__(self, event: dict[str, Any]) -> None:
@@ -63,35 +82,15 @@ class LayerLines:
         if layer in self._done or not is_done(status):
             return
         self._done.add(layer)
-        line = safe_text(f"{self.action} {layer[:12]}: {status}", markup=False)
-        self._stream.write(line + "\n")
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._stream.flush()
+        self._write(f"{self.action} {layer[:12]}: {status}")
 
 
-class BuildLines:
+class BuildLines(_PlainLines):
     """``progress.BuildProgress`` in a log or a pipe: ``build <image>: <status>`` once an
     image is done, and no bars."""
-
-    def __init__(self, stream: IO[str]) -> None:
-        self._stream = stream
 
     def event(self, name: str, event: dict[str, Any]) -> None:
         """A build's step: a log gets only the outcome."""
 
     def done(self, name: str, status: str) -> None:
-        self._stream.write(safe_text(f"build {name}: {status}", markup=False) + "\n")
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._stream.flush()
+        self._write(f"build {name}: {status}")

@@ -33,6 +33,7 @@ __all__ = [
     "is_loopback",
     "parse_reference",
     "registry_base_url",
+    "versioned_reference",
 ]
 
 DOCKER_HUB = "docker.io"
@@ -118,6 +119,17 @@ def parse_reference(text: str) -> Reference:
     if problem := name_problem(path):
         raise _bad(text, problem)
     return Reference(registry, path, tag, digest if at else None)
+
+
+def versioned_reference(ref: str | Reference) -> Reference:
+    """``registry/name:version``: ``ref`` parsed (unless it is already) and holding a tag,
+    the version a variant index is read for."""
+    reference = parse_reference(ref) if isinstance(ref, str) else ref
+    if reference.tag is None:
+        raise InvalidInputError(
+            f"{reference}: a version tag is needed, e.g. {reference.name}:1.0.0"
+        )
+    return reference
 
 
 def _split_registry(name: str, text: str) -> tuple[str, str]:

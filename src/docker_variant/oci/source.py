@@ -13,7 +13,7 @@ from docker_variant.oci.client import Manifest, Read, RegistryClient, SyncRegist
 from docker_variant.oci.errcode import ErrorCode
 from docker_variant.oci.errors import NotFoundError, RegistryError
 from docker_variant.oci.imageindex import read_image_index
-from docker_variant.oci.reference import Reference, parse_reference
+from docker_variant.oci.reference import Reference, versioned_reference
 from docker_variant.variant.index import VariantIndex, build_index
 
 __all__ = [
@@ -68,12 +68,9 @@ def fetch_index(ref: str | Reference) -> tuple[Reference, VariantIndex]:
     uses one HTTP stack): the proxy's document or a published variant image index is one
     or two requests in a row; a scan of the tags runs its many requests on a few threads
     over the same client."""
-    reference = parse_reference(ref) if isinstance(ref, str) else ref
+    reference = versioned_reference(ref)
     version = reference.tag
-    if version is None:
-        raise InvalidInputError(
-            f"{reference}: a version tag is needed, e.g. {reference.name}:1.0.0"
-        )
+    assert version is not None
     with SyncRegistryClient.for_registry(reference.registry) as client:
         found, top = _published_index(client, reference.repository, version)
         if found is None:

@@ -17,7 +17,7 @@ from typing import Any
 from docker_variant.api.names import DEFAULT_RESOURCE_GROUP, DEVICE_NAME, ID, check_agent_id
 from docker_variant.errors import InvalidInputError
 from docker_variant.jsondoc import load_json
-from docker_variant.oci.reference import Reference, parse_reference
+from docker_variant.oci.reference import Reference, versioned_reference
 from docker_variant.planner.kept import Kept
 from docker_variant.planner.pool import SHARE, AgentReport
 from docker_variant.variant.index import VariantIndex
@@ -217,12 +217,7 @@ def parse_image(value: object) -> Reference:
     the layers above take the ``Reference``."""
     if not isinstance(value, str) or not value:
         raise InvalidInputError(f"image must be a reference such as reg/app:1.0, got {value!r}")
-    reference = parse_reference(value)
-    if reference.tag is None:
-        raise InvalidInputError(
-            f"{reference}: a version tag is needed, e.g. {reference.name}:1.0.0"
-        )
-    return reference
+    return versioned_reference(value)
 
 
 def parse_placement_request(data: object) -> PlacementRequest:
