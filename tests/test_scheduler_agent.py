@@ -806,6 +806,38 @@ def test_a_bad_answer_is_one_logged_error_and_a_retry(
     assert "Traceback" not in agent.text()
 
 
+#: A main thread that is always inside ``stop.wait()``, where the event's lock is held for a
+#: few bytecodes on every call: a handler that sets the event there waits for that lock forever.
+_WAITING_CHILD = """
+import signal, sys, threading
+from docker_variant.agent.command import stop_on_signals
+stop = threading.Event()
+stop_on_signals(stop, signal.SIGTERM)
+print("ready", flush=True)
+while not stop.wait(0):
+    pass
+print("stopped", flush=True)
+"""
+
+
+def test_a_signal_that_lands_inside_the_wait_still_stops_the_agent() -> None:
+    """The agent's SIGTERM sets its stop event from a thread, never from the handler: set
+    from the handler (as it was), about half of these children hung (CI saw an agent ignore
+    SIGTERM for 20 s)."""
+    for _ in range(12):
+        child = subprocess.Popen(
+            [sys.executable, "-c", _WAITING_CHILD], stdout=subprocess.PIPE, text=True
+        )
+        assert child.stdout is not None
+        assert child.stdout.readline() == "ready\n"
+        child.send_signal(signal.SIGTERM)
+        try:
+            out, _ = child.communicate(timeout=30)
+        finally:
+            child.kill()
+        assert child.returncode == 0 and out == "stopped\n", (child.returncode, out)
+
+
 def test_an_agent_with_no_devices_warns_once(
     tmp_path: Path, no_user_descriptors: None, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -20,9 +20,10 @@ from docker_variant.server.options import (
 
 TYPE_CHECKING = False  # typing costs ~5 ms at start-up; type checkers read this as True
 if TYPE_CHECKING:
+    import threading
     from typing import Any
 
-__all__ = ["add_agent_command", "run_agent_command"]
+__all__ = ["add_agent_command", "run_agent_command", "stop_on_signals"]
 
 
 def add_agent_command(commands: Any) -> None:
@@ -150,13 +151,8 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
     from docker_variant.server.logs import configure_logging
 
     stop = threading.Event()
-
-    def on_signal(_signum: int, _frame: object) -> None:
-        stop.set()
-
     # before the first detection, so that a stop during it is clean too
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop_on_signals(stop, signal.SIGTERM, signal.SIGINT)
     try:
         if args.scheduler is None and not args.label_node and not args.containerd_hosts:
             raise InvalidInputError(
@@ -206,6 +202,32 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
         return agent.run()
     finally:
         agent.close()
+
+
+def stop_on_signals(stop: threading.Event, *signums: int) -> None:
+    """Set ``stop`` when one of ``signums`` arrives (main thread only).
+
+    Not from a Python handler: a handler runs in the main thread between two bytecodes,
+    possibly inside ``stop.wait()`` while that holds the event's lock, and ``stop.set()``
+    would then wait for the lock forever (the agent ignored SIGTERM). The interpreter's C
+    handler writes the signal's number to a pipe instead (``signal.set_wakeup_fd``), and a
+    thread that reads it sets the event."""
+    import os
+    import signal
+    import threading
+
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)  # the C handler must never block
+    for signum in signums:
+        signal.signal(signum, lambda _signum, _frame: None)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def relay() -> None:
+        while os.read(read_fd, 1)[0] not in signums:
+            pass
+        stop.set()
+
+    threading.Thread(target=relay, name="signal relay", daemon=True).start()
 
 
 def _containerd(args: Any) -> str | None:

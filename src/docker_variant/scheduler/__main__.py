@@ -397,8 +397,8 @@ def _serve(args: Any, error: Callable[[str], Any]) -> int:
         else "plain HTTP"
     )
     if tokens is not None:  # `kill -HUP`: read the tokens again (a change is seen anyway)
-        reload_tokens = tokens.reload
-        signal.signal(signal.SIGHUP, lambda _signum, _frame: reload_tokens())
+        ask_reload = tokens.ask_reload
+        signal.signal(signal.SIGHUP, lambda _signum, _frame: ask_reload())
     details = f", database {store.url}, {authentication}, {transport}"
     return serve(
         config,

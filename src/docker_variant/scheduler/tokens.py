@@ -24,8 +24,8 @@ token given by its ``sha256`` could not be measured at all.
 
 The file is read again when it changes (``TokenFile``: one ``stat`` per lookup sees a new
 inode, size or modification time, as when a Kubernetes Secret volume swaps its files) and on
-SIGHUP, without a restart. A new file that does not load is logged and ignored: the tokens
-read last stay in force.
+SIGHUP (at the next lookup), without a restart. A new file that does not load is logged and
+ignored: the tokens read last stay in force.
 
 A name is one role's: an ``agent_id`` that is also a client's or an admin's name (or a client
 named as an admin) is refused when the file loads, since placements record their owner by
@@ -103,7 +103,8 @@ class TokenFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._lock = threading.RLock()  # SIGHUP may come while the loop reloads
+        self._lock = threading.RLock()
+        self._asked = False  # by ``ask_reload``: read again at the next lookup
         self._stamp = self._stamp_now()
         self._table = load_tokens(path)  # InvalidInputError at start: the server does not run
 
@@ -122,9 +123,15 @@ class TokenFile:
         return found.st_ino, found.st_size, found.st_mtime_ns
 
     def find(self, token: str) -> Principal | None:
-        if self._stamp_now() != self._stamp:
+        if self._asked or self._stamp_now() != self._stamp:
+            self._asked = False
             self.reload()
         return self._table.find(token)
+
+    def ask_reload(self) -> None:
+        """Read the file again at the next lookup: safe in a signal handler (SIGHUP), which
+        may run in the middle of a reload or of a log line, where reading and logging are not."""
+        self._asked = True
 
     def reload(self) -> bool:
         """Read the file again; False (logged) when it does not load: the old tokens stay."""
