@@ -8,6 +8,7 @@ import json
 import logging
 import shutil
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,61 @@ def test_a_failed_write_is_logged_once_and_the_agent_goes_on(
     assert path.read_text() == _expected("h200-l4")
 
 
+def test_the_tls_files_are_kept_beside_hosts_toml_and_named_relatively(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``--containerd-ca-file`` and the client certificate are copied into the registry's
+    directory (the key 0600) and hosts.toml names them relatively, as containerd reads them
+    there wherever the node mounts the directory; a rotated source is copied again, and an
+    unreadable one is a warning once while the agent goes on."""
+    agent, _, path = _agent(tmp_path, "h200-l4")
+    sources = tmp_path / "tls"
+    sources.mkdir()
+    for name, text in (("ca.pem", "CA 1"), ("tls.crt", "CERT 1"), ("tls.key", "KEY 1")):
+        (sources / name).write_text(text)
+    agent.settings = replace(
+        agent.settings,
+        containerd_ca=sources / "ca.pem",
+        containerd_client_cert=sources / "tls.crt",
+        containerd_client_key=sources / "tls.key",
+    )
+    agent.beat()
+    host = tomllib.loads(path.read_text())["host"][SERVER]
+    assert host["ca"] == "ca.crt" and host["client"] == [["client.cert", "client.key"]]
+    kept = path.parent
+    assert sorted(p.name for p in kept.iterdir()) == [
+        "ca.crt", "client.cert", "client.key", "hosts.toml"
+    ]  # fmt: skip
+    assert (kept / "ca.crt").read_text() == "CA 1"
+    assert (kept / "client.key").stat().st_mode & 0o777 == 0o600
+    assert (kept / "ca.crt").stat().st_mode & 0o777 == 0o644
+
+    (sources / "ca.pem").write_text("CA 2")  # the Secret rotated
+    with caplog.at_level(logging.INFO, "docker_variant.agent"):
+        agent.beat()
+    assert (kept / "ca.crt").read_text() == "CA 2"
+    assert f"wrote {kept / 'ca.crt'} from {sources / 'ca.pem'}" in caplog.text
+    assert "wrote " + str(path) not in caplog.text  # hosts.toml itself did not change
+
+    caplog.clear()
+    (sources / "tls.crt").unlink()
+    with caplog.at_level(logging.DEBUG, "docker_variant.agent"):
+        agent.beat()
+        agent.beat()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"keeping {path} failed (cannot read {sources / 'tls.crt'}: "
+                        "No such file or directory); retrying"], warnings  # fmt: skip
+    assert (kept / "client.cert").read_text() == "CERT 1"  # the last good copy stays
+
+
+def test_without_tls_files_hosts_toml_names_none(tmp_path: Path) -> None:
+    agent, _, path = _agent(tmp_path, "h200-l4")
+    agent.beat()
+    host = tomllib.loads(path.read_text())["host"][SERVER]
+    assert "ca" not in host and "client" not in host
+    assert [p.name for p in path.parent.iterdir()] == ["hosts.toml"]
+
+
 def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     return run_in_process(main, argv, capsys)
 
@@ -125,6 +181,15 @@ def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
          "server 'ftp://x' is not an http:// or https:// URL"),
         (["--label-node", "--node-name", "gpu-1", "--kubeconfig", "/no/such",
           "--containerd-server", SERVER], "--containerd-server: give --containerd-hosts"),
+        (["--label-node", "--node-name", "gpu-1", "--kubeconfig", "/no/such",
+          "--containerd-ca-file", "/etc/passwd"],
+         "--containerd-ca-file: give --containerd-hosts REGISTRY too"),
+        (["--containerd-hosts", REGISTRY, "--containerd-ca-file", "/no/such/ca.pem"],
+         "--containerd-ca-file '/no/such/ca.pem': not a file this agent can read"),
+        (["--containerd-hosts", REGISTRY, "--containerd-client-cert", "/tmp"],
+         "--containerd-client-cert '/tmp': not a file this agent can read"),
+        (["--containerd-hosts", REGISTRY, "--containerd-client-key", "/etc/passwd"],
+         "--containerd-client-key: give --containerd-client-cert too"),
     ],
 )  # fmt: skip
 def test_bad_containerd_input_exits_2_with_one_line(

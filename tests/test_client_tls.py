@@ -326,3 +326,38 @@ def test_containerd_trusts_the_ca_and_presents_the_client_certificate_of_hosts_t
     assert host["client"] == [[str(client.cert), str(client.key)]]
     fetched = _ctr_fetch(containerd, tmp_path / "hosts", ref)
     assert fetched.returncode == 0, fetched.stderr
+
+
+def test_the_agents_hosts_toml_lets_containerd_reach_a_mutual_tls_proxy(
+    tmp_path: Path,
+    ca: CertificateAuthority,
+    tls_registry: devstack.Service,
+    containerd: devstack.Service,
+) -> None:
+    """The agent's ``--containerd-ca-file`` and ``--containerd-client-cert/-key``: the files
+    are kept beside hosts.toml, named relatively, and the real containerd, reading them
+    there, fetches from the mutual-TLS registry."""
+    from docker_variant.agent.node import Agent, AgentSettings
+
+    client = ca.client()
+    registry = tls_registry.address
+    settings = AgentSettings(
+        None,
+        "h200-0",
+        providers_file=HOSTS / "h200-r570.json",
+        containerd_hosts=(registry,),
+        containerd_dir=tmp_path / "certs.d",
+        containerd_server=tls_registry.url,
+        containerd_ca=ca.ca,
+        containerd_client_cert=client.cert,
+        containerd_client_key=client.key,
+    )
+    agent = Agent(settings)
+    try:
+        agent.beat()
+    finally:
+        agent.close()
+    host = tomllib.loads((tmp_path / "certs.d" / registry / "hosts.toml").read_text())
+    assert host["host"][tls_registry.url]["ca"] == "ca.crt"
+    fetched = _ctr_fetch(containerd, tmp_path / "certs.d", f"{registry}/tls/app:1.0")
+    assert fetched.returncode == 0, fetched.stderr

@@ -72,6 +72,8 @@ VALUE_SETS = {
     "no-node-labels": ("agent.nodeLabels.enabled=false",),
     "mutual-tls": ("scheduler.clientCA.secret=variant-scheduler-client-ca",
                    "agent.clientCertSecret=variant-agent-client"),
+    "private-ca-proxy": ("agent.containerdHosts.caBundle.configMap=variant-proxy-ca",
+                         "agent.containerdHosts.clientCertSecret=variant-containerd-client"),
     "static-agent-tokens": ("agent.auth=tokens",),
     "static-agent-tokens-no-labels": ("agent.auth=tokens", "agent.nodeLabels.enabled=false"),
 }  # fmt: skip
@@ -453,6 +455,25 @@ def test_a_second_agent_keeps_containerd_hosts_as_root_without_capabilities() ->
     assert "containerd-certs" not in {v["name"] for v in spec["volumes"]}
 
 
+def test_containerd_trusts_the_proxys_private_ca_and_presents_a_client_certificate() -> None:
+    """With caBundle and clientCertSecret, the containerd-hosts agent is given both, mounted
+    from their ConfigMap and Secret (the key readable by that container's root only); without
+    them it is given neither, and mounts neither."""
+    pod = _agent_pod(_by_key(_template(*VALUE_SETS["private-ca-proxy"])))
+    keeper = _container(pod, "containerd-hosts")
+    given = _args(keeper)
+    ca = _mounted(pod, keeper, given["--containerd-ca-file"])
+    assert ca["configMap"]["name"] == "variant-proxy-ca"
+    assert given["--containerd-ca-file"].endswith("/ca.crt")
+    for option in ("--containerd-client-cert", "--containerd-client-key"):
+        volume = _mounted(pod, keeper, given[option])
+        assert volume["secret"] == {"secretName": "variant-containerd-client", "defaultMode": 0o400}
+    assert not any(a.startswith("--containerd") for a in _container(pod, "variant-agent")["args"])
+    plain = _agent_pod(_by_key(_template()))
+    assert not any("--containerd-c" in a for a in _container(plain, "containerd-hosts")["args"])
+    assert {"proxy-ca", "containerd-client"}.isdisjoint(v["name"] for v in plain["volumes"])
+
+
 # --------------------------------------------------------------------------- notifications
 def test_the_registry_is_told_to_notify_the_front_which_admits_only_its_addresses() -> None:
     objects = _by_key(_template("proxy.notify.allowFrom={10.244.0.0/16,fd00::/8}"))
@@ -539,8 +560,9 @@ def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("values", sorted(VALUE_SETS))
 def test_no_agent_pod_mounts_a_secret_of_node_tokens(values: str) -> None:
-    """Under every option the agents' pods mount no Secret but the client certificate
-    (mutual TLS): no pod can read another node's token."""
+    """Under every option the agents' pods mount no Secret but the client certificates
+    (the agent's, for mutual TLS; containerd's, for the proxy): no pod can read another
+    node's token."""
     objects = _by_key(_template(*VALUE_SETS[values]))
     if ("DaemonSet", "variant-agent") not in objects:
         return
@@ -552,7 +574,7 @@ def test_no_agent_pod_mounts_a_secret_of_node_tokens(values: str) -> None:
         for source in v.get("projected", {}).get("sources", [])
         if "secret" in source
     }
-    assert secrets <= {"variant-agent-client"}, secrets
+    assert secrets <= {"variant-agent-client", "variant-containerd-client"}, secrets
     agent = _container(pod, "variant-agent")
     token = _mounted(pod, agent, _args(agent)["--token-file"])
     assert "secret" not in token and token["name"] == "agent-token"

@@ -81,6 +81,8 @@ from docker_variant.variant.model import SupportedLists
 from docker_variant.variant.platform import host_platform, platform_of_lists
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from docker_variant.k8s.apiserver import NodeLabeller
 
 __all__ = [
@@ -139,6 +141,30 @@ def backoff_delay(failures: int, interval: float, rng: random.Random) -> float:
 
 
 # --------------------------------------------------------------------------- answers
+
+
+#: A CA bundle or a client certificate is a few KiB; a file past this is not one.
+MAX_TLS_FILE_BYTES = 1 << 20
+
+
+def _tls_file(path: Path) -> bytes:
+    """A TLS file the agent copies for containerd, read whole (bounded)."""
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_TLS_FILE_BYTES + 1)
+    except OSError as exc:
+        raise InvalidInputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_TLS_FILE_BYTES:
+        raise InvalidInputError(f"{path} is larger than {MAX_TLS_FILE_BYTES} bytes, no PEM file")
+    return data
+
+
+def _text_of(path: Path) -> str | None:
+    """The file's text; None when absent or unreadable (then it is written)."""
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def read_answer(response: httpx.Response, limit: int = MAX_ANSWER_BYTES) -> bytes:
@@ -269,16 +295,17 @@ class Agent:
         kept = True
         for registry in settings.containerd_hosts:
             server = settings.containerd_server or default_server(registry)
-            text = hosts_toml(registry, server, lists, kinds)
             path = settings.containerd_dir / registry / "hosts.toml"
             try:
-                if path.read_text() == text:
-                    self._hosts_failure.pop(registry, None)
-                    continue
-            except (OSError, UnicodeDecodeError):
-                pass  # absent or unreadable: written now
-            try:
-                write_hosts_toml(settings.containerd_dir, registry, text)
+                ca, client = self._keep_tls_files(registry)  # before the file that names them
+                text = hosts_toml(registry, server, lists, kinds, ca=ca, client=client)
+                if _text_of(path) != text:
+                    write_hosts_toml(settings.containerd_dir, registry, text)
+                    _log.info(
+                        "wrote %s: %s",
+                        path,
+                        "what every device runs" if kinds else "this node's lists",
+                    )
             except InvalidInputError as exc:
                 why = one_line(str(exc))
                 level = (
@@ -289,10 +316,41 @@ class Agent:
                 kept = False
                 continue
             self._hosts_failure.pop(registry, None)
-            _log.info(
-                "wrote %s: %s", path, "what every device runs" if kinds else "this node's lists"
-            )
         return kept
+
+    def _keep_tls_files(self, registry: str) -> tuple[str | None, tuple[str, str | None] | None]:
+        """Copy ``--containerd-ca-file`` and the client certificate into ``registry``'s
+        directory where they differ (read again each time: a Secret's rotation is seen);
+        hosts.toml's ``ca`` and ``client``, relative: containerd reads them there, wherever
+        the node mounts the directory. ``InvalidInputError`` for a file not read or written."""
+        from docker_variant.k8s.containerd import (
+            CA_FILE,
+            CLIENT_CERT_FILE,
+            CLIENT_KEY_FILE,
+            write_host_file,
+        )
+
+        settings = self.settings
+        wanted = [
+            (CA_FILE, settings.containerd_ca, 0o644),
+            (CLIENT_CERT_FILE, settings.containerd_client_cert, 0o644),
+            (CLIENT_KEY_FILE, settings.containerd_client_key, 0o600),
+        ]
+        for name, source, mode in wanted:
+            if source is None:
+                continue
+            data = _tls_file(source)
+            target = settings.containerd_dir / registry / name
+            with contextlib.suppress(OSError):
+                if target.read_bytes() == data:
+                    continue
+            write_host_file(settings.containerd_dir, registry, name, data, mode)
+            _log.info("wrote %s from %s", target, source)
+        ca = CA_FILE if settings.containerd_ca is not None else None
+        if settings.containerd_client_cert is None:
+            return ca, None
+        key = CLIENT_KEY_FILE if settings.containerd_client_key is not None else None
+        return ca, (CLIENT_CERT_FILE, key)
 
     def report(self) -> dict[str, Any]:
         """This heartbeat's body."""

@@ -31,3 +31,7 @@ class AgentSettings:
     containerd_hosts: tuple[str, ...] = ()
     containerd_dir: Path = Path("/etc/containerd/certs.d")
     containerd_server: str | None = None  # the variant-proxy (None: http(s)://REGISTRY)
+    # what containerd trusts and presents for that server: copied beside each hosts.toml
+    containerd_ca: Path | None = None
+    containerd_client_cert: Path | None = None
+    containerd_client_key: Path | None = None  # None: in the certificate's file, or none

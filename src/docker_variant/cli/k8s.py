@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -179,10 +180,15 @@ def k8s_containerd_hosts(
         warn(f"the {HEADER} header is {size} bytes; proxies on the way may refuse it")
     if devices and (size := len(header_value(devices))) > HEADER_WARN_BYTES:
         warn(f"the {DEVICES} header is {size} bytes; proxies on the way may refuse it")
-    # --ca-file and --client-cert are what containerd trusts and presents for the server
-    ca = str(opts.ca_file) if opts.ca_file is not None else None
+    # --ca-file and --client-cert are what containerd trusts and presents for the server;
+    # absolute, as this node's containerd reads them
+    ca = os.path.abspath(opts.ca_file) if opts.ca_file is not None else None
     cert, key = opts.client_cert, opts.client_key
-    client = (str(cert), str(key) if key is not None else None) if cert is not None else None
+    client = (
+        (os.path.abspath(cert), os.path.abspath(key) if key is not None else None)
+        if cert is not None
+        else None
+    )
     text = hosts_toml(registry, url, host, devices, ca=ca, client=client)
     path = write_hosts_toml(output, registry, text) if output is not None else None
     if opts.json:

@@ -33,6 +33,9 @@ from docker_variant.oci.reference import check_registry, registry_base_url
 from docker_variant.variant import SupportedLists
 
 __all__ = [
+    "CA_FILE",
+    "CLIENT_CERT_FILE",
+    "CLIENT_KEY_FILE",
     "DEVICES",
     "HEADER",
     "HEADER_WARN_BYTES",
@@ -41,6 +44,7 @@ __all__ = [
     "default_server",
     "header_value",
     "hosts_toml",
+    "write_host_file",
     "write_hosts_toml",
 ]
 
@@ -118,37 +122,46 @@ def hosts_toml(
 
 
 def _tls_lines(ca: str | None, client: tuple[str, str | None] | None) -> str:
-    """containerd's ``ca`` and ``client`` keys of a host, with absolute paths (containerd
-    reads a relative one under the hosts directory)."""
-    lines = f"  ca = {json.dumps(os.path.abspath(ca))}\n" if ca is not None else ""
+    """containerd's ``ca`` and ``client`` keys of a host, the paths as given: containerd reads
+    a relative one in the registry's own directory beside ``hosts.toml``."""
+    lines = f"  ca = {json.dumps(ca)}\n" if ca is not None else ""
     if client is not None:
         cert, key = client
-        pair = [os.path.abspath(p) for p in (cert, key) if p is not None]
+        pair = [p for p in (cert, key) if p is not None]
         lines += f"  client = {json.dumps([pair] if len(pair) == 2 else pair[0])}\n"
     return lines
 
 
+#: The names the agent gives the TLS files it keeps beside each ``hosts.toml`` (Docker's
+#: certs.d names, which containerd also reads where a directory has no hosts.toml).
+CA_FILE, CLIENT_CERT_FILE, CLIENT_KEY_FILE = "ca.crt", "client.cert", "client.key"
+
+
 def write_hosts_toml(directory: Path, registry: str, text: str) -> Path:
     """Write ``directory/<registry>/hosts.toml`` atomically (a reader never sees half a file)."""
+    return write_host_file(directory, registry, "hosts.toml", text.encode(), 0o644)
+
+
+def write_host_file(directory: Path, registry: str, name: str, data: bytes, mode: int) -> Path:
+    """Write ``directory/<registry>/<name>`` atomically with ``mode``; ``InvalidInputError``
+    naming the file when it cannot be written."""
     check_registry(registry)
     target_dir = directory / registry
+    target = target_dir / name
     try:
         target_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".hosts.toml.", dir=target_dir)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=target_dir)
         try:
-            with os.fdopen(fd, "w") as handle:
-                handle.write(text)
+            os.fchmod(fd, mode)  # before a byte is written: a key is never readable by others
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.chmod(tmp, 0o644)
-            target = target_dir / "hosts.toml"
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
     except OSError as exc:
-        raise InvalidInputError(
-            f"cannot write {target_dir / 'hosts.toml'}: {exc.strerror or exc}"
-        ) from exc
+        raise InvalidInputError(f"cannot write {target}: {exc.strerror or exc}") from exc
     return target
