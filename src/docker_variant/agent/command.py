@@ -168,9 +168,6 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
     from docker_variant.providers import PROVIDERS_FILE_ENV, HostRoot
     from docker_variant.server.logs import configure_logging
 
-    stop = threading.Event()
-    # before the first detection, so that a stop during it is clean too
-    stop_on_signals(stop, signal.SIGTERM, signal.SIGINT)
     try:
         if args.scheduler is None and not args.label_node and not args.containerd_hosts:
             raise InvalidInputError(
@@ -209,6 +206,9 @@ def run_agent_command(args: Any, error: Callable[[str], Any]) -> int:
             **_containerd_tls(args),
         )
         configure_logging(args.log_level)
+        stop = threading.Event()
+        # before the first detection, so that a stop during it is clean too
+        stop_on_signals(stop, signal.SIGTERM, signal.SIGINT)
         agent = Agent(settings, stop=stop)
         agent.report()  # a bad providers file or provider is bad input now, not at 3 a.m.
     except InvalidInputError as exc:
