@@ -19,6 +19,7 @@ from docker_variant.providers.hostroot import HostRoot
 from docker_variant.vendors import ContentsRules, Described, Detector, Vendor
 from docker_variant.vendors.base import DraMapping, NamespaceRules, ValueRule, clauses_in_order
 from docker_variant.vendors.evidence import ELF, ImageEvidence, Proposed, Verdict
+from docker_variant.vendors.vendor import Interval, Threshold
 
 NAMESPACE = "fakenpu"
 DRA_DOMAIN = "npu.fake.example"
@@ -145,6 +146,19 @@ def detect(root: HostRoot, env: Mapping[str, str]) -> FakeReport:
     return FakeReport(newest, devices)
 
 
+# --------------------------------------------------------------------------- list shapes
+
+
+def _generation_interval(value: str) -> Interval | None:
+    """A device of generation t lists ``gN`` for every t >= N."""
+    gen = _gen(value)
+    return None if gen is None else (gen, None)
+
+
+#: a device's ``gen`` list is fixed by its generation: one node label says it
+GEN_SHAPE = Threshold(lambda t: lists_of(t, None)["gen"], _gen, _generation_interval, highest=True)
+
+
 RULES = NamespaceRules(
     NAMESPACE,
     ("gen", "runtime"),
@@ -161,4 +175,5 @@ VENDOR = Vendor(
     describe=describe,
     contents=ContentsRules(frozenset({"gen"}), propose, verify, label_part),
     detector=Detector("fakevendor:detect", "fake sysfs under {root}"),
+    list_shapes={"gen": GEN_SHAPE},
 )

@@ -1,6 +1,6 @@
 """A vendor is one module: ``fakevendor`` (a made-up NPU) registered alone shows up in
-detection, ``ls``, the contents checks, placements, the fleet page and ``k8s claim``, with
-no other edit; unregistered, every layer treats ``fakenpu`` as an unknown namespace."""
+detection, ``ls``, the contents checks, placements, the fleet page, ``k8s claim`` and the
+node labels, with no other edit; unregistered, every layer treats ``fakenpu`` as an unknown namespace."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from docker_variant.contents.evidence import ELF, Finding
 from docker_variant.contents.properties import propose
 from docker_variant.contents.walker import ImageContents
 from docker_variant.k8s.claim import claim_template, plan_claim
+from docker_variant.k8s.labels import host_lists, node_affinity, node_labels
 from docker_variant.numtext import natural_key
 from docker_variant.providers import detect_host
 from docker_variant.scheduler import fleet
@@ -170,6 +171,31 @@ def test_unregistered_the_claim_leaves_the_namespace_out() -> None:
     plan = plan_claim(VariantIndex.from_json(INDEX, "test"))
     assert set(plan.left_out) == {"npu3", "npu2"}
     assert "not the device attributes of a DRA driver" in plan.left_out["npu2"]
+
+
+PREFIX = "variant.pep817.dev/"
+
+
+def test_the_node_labels_say_a_list_by_the_vendors_shape_of_it(
+    fake_vendor: vendors.Vendor,
+) -> None:
+    """The vendor's ``Threshold`` for ``gen``: one label says a generation-3 node's three
+    values, reads back to them, and a variant needing g2 holds where the label is above 1."""
+    labels = node_labels({"fakenpu": NPU3}).labels
+    assert labels == {f"{PREFIX}fakenpu.gen": "3", f"{PREFIX}fakenpu.runtime.2.1": "true"}
+    assert host_lists(labels) == {"fakenpu": NPU3}
+    affinity = node_affinity({"fakenpu": {"gen": ["g2"]}})
+    assert affinity["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": f"{PREFIX}fakenpu.gen", "operator": "Gt", "values": ["1"]}]}
+    ]
+
+
+def test_unregistered_the_node_labels_say_each_value() -> None:
+    labels = node_labels({"fakenpu": NPU3}).labels
+    assert set(labels) == {
+        f"{PREFIX}fakenpu.gen.g3", f"{PREFIX}fakenpu.gen.g2", f"{PREFIX}fakenpu.gen.g1",
+        f"{PREFIX}fakenpu.runtime.2.1",
+    }  # fmt: skip
 
 
 def test_one_natural_order_for_ids_and_values() -> None:

@@ -8,16 +8,21 @@ variant's properties into node-selector terms that hold on exactly the nodes who
 the variant is compatible with (``HostMatcher``'s rule: every feature it names holds one of
 its values):
 
-- **thresholds** (``nvidia.cuda_version_lower_bound``, ``nvidia.cuda_version_upper_bound``,
-  ``x86_64.level``): one label whose value is an integer ``t``, the host's list being what
-  the provider writes for ``t`` (CUDA ``major * 100 + minor``: the CUDA 12.8 driver's lower
-  bounds are 12.8 down to 11.0, its upper bounds 12.9 up to 15.20, both ``1208``). A value
-  is listed for an interval of ``t``: ``Gt``/``Lt``;
-- **sm_arch**: one label per GPU major, ``nvidia.sm_arch.<major>``, valued the highest minor
-  of that major's GPUs (an H200 is ``nvidia.sm_arch.9=0``): ``Mm_real`` is listed where
-  that value is at least ``m``, ``M0_virtual`` where the label exists;
+- **thresholds** (a vendor's ``Threshold`` shape: ``nvidia.cuda_version_lower_bound``,
+  ``nvidia.cuda_version_upper_bound``, ``x86_64.level``): one label whose value is an
+  integer ``t``, the host's list being what the provider writes for ``t`` (CUDA
+  ``major * 100 + minor``: the CUDA 12.8 driver's lower bounds are 12.8 down to 11.0, its
+  upper bounds 12.9 up to 15.20, both ``1208``). A value is listed for an interval of
+  ``t``: ``Gt``/``Lt``;
+- **per major** (a ``PerMajor`` shape: ``nvidia.sm_arch``): one label per device major,
+  ``<namespace>.<feature>.<major>``, valued the highest minor of that major's devices (an
+  H200 is ``nvidia.sm_arch.9=0``): a value is listed where that minor is at least its
+  least device's (``89_real``: 8.9; ``M0_virtual`` wherever the label exists);
 - **any other feature** (AMD's, a descriptor's, a plugin's): one label per value,
   ``<namespace>.<feature>.<value>=true``, listed where it exists.
+
+The shapes come from the vendor registry (``Vendor.list_shapes``): this module names no
+accelerator vendor, only the CPU plugins' flags (``vendors.cpu``), labelled only when asked.
 
 Kubernetes ORs ``nodeSelectorTerms`` and ANDs the ``matchExpressions`` of a term: a variant's
 features AND, a feature's values OR, so the terms are the product of each feature's
@@ -34,13 +39,14 @@ or digit; a property that cannot be written so is left out with a warning.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from docker_variant.errors import InvalidInputError
 from docker_variant.variant import SupportedLists
-from docker_variant.vendors import CPU_NAMESPACES, cpu, newest_first, nvidia
+from docker_variant.vendors import CPU_NAMESPACES, cpu, newest_first, vendor_of
+from docker_variant.vendors.vendor import PerMajor, Threshold
 
 __all__ = [
     "LABEL_PREFIX",
@@ -129,24 +135,14 @@ class _PerValue:
         return [name[len(start) :] for name in labels if name.startswith(start)]
 
 
-Interval = tuple[int | None, int | None]  # thresholds lo..hi, inclusive; None: unbounded
-
-
 @dataclass(frozen=True)
 class _Threshold:
-    """One ``<namespace>.<feature>=<t>`` label: the host lists ``listed(t)``.
-
-    ``candidate(value)`` is the threshold whose list a host holding ``value`` may have
-    (``None``: none); the label takes the candidate whose list is all listed, the most
-    inclusive first (``highest``: the greatest t). ``interval(value)`` is the thresholds
-    whose list holds ``value`` (``None``: none)."""
+    """One ``<namespace>.<feature>=<t>`` label: the host lists ``shape.listed(t)``; the label
+    takes the candidate whose list is all listed, the most inclusive first."""
 
     namespace: str
     feature: str
-    listed: Callable[[int], list[str]]
-    candidate: Callable[[str], int | None]
-    interval: Callable[[str], Interval | None]
-    highest: bool
+    shape: Threshold
 
     @property
     def name(self) -> str:
@@ -154,9 +150,9 @@ class _Threshold:
 
     def labels(self, values: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
         present = set(values)
-        found = {t for v in values if (t := self.candidate(v)) is not None}
-        for t in sorted(found, reverse=self.highest):
-            covered = set(self.listed(t))
+        found = {t for v in values if (t := self.shape.candidate(v)) is not None}
+        for t in sorted(found, reverse=self.shape.highest):
+            covered = set(self.shape.listed(t))
             if covered and covered <= present:
                 why = f"beyond the list one {self.name} label says"
                 return {self.name: str(t)}, {v: why for v in values if v not in covered}
@@ -164,7 +160,7 @@ class _Threshold:
 
     def alternatives(self, values: Sequence[str]) -> list[Term]:
         intervals = sorted(
-            (i for v in values if (i := self.interval(v)) is not None),
+            (i for v in values if (i := self.shape.interval(v)) is not None),
             key=lambda i: -(1 << 62) if i[0] is None else i[0],
         )
         merged: list[list[int | None]] = []
@@ -188,16 +184,17 @@ class _Threshold:
         text = labels.get(self.name)
         if text is None or re.fullmatch(r"-?[0-9]{1,18}", text) is None:
             return []
-        return self.listed(int(text))
+        return self.shape.listed(int(text))
 
 
 @dataclass(frozen=True)
-class _SmArch:
-    """``nvidia.sm_arch.<major>=<highest minor>``: the host lists ``sm_arch_values`` of the
-    highest GPU of each major."""
+class _PerMajor:
+    """``<namespace>.<feature>.<major>=<highest minor>``: the host lists
+    ``shape.listed((major, minor))`` of the highest device of each major."""
 
-    namespace: str = nvidia.NAMESPACE
-    feature: str = "sm_arch"
+    namespace: str
+    feature: str
+    shape: PerMajor
 
     def _name(self, major: int) -> str:
         return f"{self.namespace}.{self.feature}.{major}"
@@ -206,27 +203,27 @@ class _SmArch:
         present = set(values)
         minors: dict[int, set[int]] = {}
         for value in values:
-            if (sm := nvidia.sm_arch_value(value)) is not None:
-                minors.setdefault(sm[0], set()).add(sm[1])
+            if (least := self.shape.least(value)) is not None:
+                minors.setdefault(least[0], set()).add(least[1])
         labels: dict[str, str] = {}
         covered: set[str] = set()
         for major, found in minors.items():
             for minor in sorted(found, reverse=True):
-                listed = set(nvidia.sm_arch_values((major, minor)))
+                listed = set(self.shape.listed((major, minor)))
                 if listed <= present:
                     labels[self._name(major)] = str(minor)
                     covered |= listed
                     break
-        why = "not the list of a GPU (Mm_real down to M0_real, then M0_virtual)"
+        why = f"not {self.shape.shape}"
         return labels, {v: why for v in values if v not in covered}
 
     def alternatives(self, values: Sequence[str]) -> list[Term]:
         lowest: dict[int, int] = {}  # major -> the lowest minor a node must reach
         for value in newest_first(self.namespace, self.feature, list(values)):
-            sm = nvidia.sm_arch_value(value)
-            if sm is None or (not sm[2] and sm[1] != 0):
-                continue  # no GPU lists it: only M0_virtual is ever listed
-            major, minor, _ = sm
+            least = self.shape.least(value)
+            if least is None:
+                continue  # no device lists it
+            major, minor = least
             lowest[major] = min(minor, lowest.get(major, minor))
         terms: list[Term] = []
         for major, minor in lowest.items():
@@ -247,104 +244,19 @@ class _SmArch:
                 and re.fullmatch(r"[1-9][0-9]{0,7}", major)
                 and re.fullmatch(r"[0-9]", text)
             ):
-                values += nvidia.sm_arch_values((int(major), int(text)))
+                values += self.shape.listed((int(major), int(text)))
         return values
 
 
-# CUDA versions as integers: major * 100 + minor (minors of a driver are well under 100)
-_CUDA_BASE = 100
-
-
-def _cuda(value: str) -> tuple[int, int] | None:
-    parsed = nvidia.cuda_value(value)
-    if parsed is None or parsed[1] >= _CUDA_BASE:
-        return None
-    return parsed[0], parsed[1]
-
-
-def _cuda_of(t: int) -> tuple[int, int]:
-    return divmod(t, _CUDA_BASE)
-
-
-def _lower_interval(value: str) -> Interval | None:
-    """A driver of CUDA D lists ``v`` as a lower bound when 11 <= v.major and v <= D, and
-    v.minor <= 20 unless v.major is D's."""
-    cuda = _cuda(value)
-    if cuda is None or cuda[0] < nvidia.MIN_MAJOR:
-        return None
-    major, minor = cuda
-    t = major * _CUDA_BASE + minor
-    return (t, None) if minor <= nvidia.MAX_MINOR else (t, major * _CUDA_BASE + _CUDA_BASE - 1)
-
-
-def _lower_candidate(value: str) -> int | None:
-    cuda = _cuda(value)
-    return None if cuda is None else cuda[0] * _CUDA_BASE + cuda[1]
-
-
-def _upper_interval(value: str) -> Interval | None:
-    """A driver of CUDA D lists ``v`` as an upper bound when v > D, v.major <= 15 and
-    v.minor <= 20 (a bare major is major.0)."""
-    cuda = _cuda(value)
-    if cuda is None or cuda[0] > nvidia.MAX_MAJOR or cuda[1] > nvidia.MAX_MINOR:
-        return None
-    return None, cuda[0] * _CUDA_BASE + cuda[1] - 1
-
-
-def _upper_candidate(value: str) -> int | None:
-    """The highest driver whose upper bounds begin at ``value``."""
-    cuda = _cuda(value)
-    if cuda is None:
-        return None
-    major, minor = cuda
-    if minor > 0:
-        return major * _CUDA_BASE + minor - 1
-    return (major - 1) * _CUDA_BASE + nvidia.MAX_MINOR if major > 0 else None
-
-
-_LEVEL_RE = re.compile(r"v([1-9][0-9]{0,2})")
-
-
-def _level(value: str) -> int | None:
-    match = _LEVEL_RE.fullmatch(value)
-    return None if match is None else int(match[1])
-
-
-def _levels(t: int) -> list[str]:
-    return [f"v{k}" for k in range(t, 0, -1)]
-
-
-def _level_interval(value: str) -> Interval | None:
-    level = _level(value)
-    return None if level is None else (level, None)
-
-
-_SCHEMES: dict[tuple[str, str], _Scheme] = {
-    (nvidia.NAMESPACE, "cuda_version_lower_bound"): _Threshold(
-        nvidia.NAMESPACE,
-        "cuda_version_lower_bound",
-        lambda t: nvidia.cuda_lower_bounds(_cuda_of(t)),
-        _lower_candidate,
-        _lower_interval,
-        highest=True,
-    ),
-    (nvidia.NAMESPACE, "cuda_version_upper_bound"): _Threshold(
-        nvidia.NAMESPACE,
-        "cuda_version_upper_bound",
-        lambda t: nvidia.cuda_upper_bounds(_cuda_of(t)),
-        _upper_candidate,
-        _upper_interval,
-        highest=False,
-    ),
-    (nvidia.NAMESPACE, "sm_arch"): _SmArch(),
-    (cpu.X86_64.namespace, "level"): _Threshold(
-        cpu.X86_64.namespace, "level", _levels, _level, _level_interval, highest=True
-    ),
-}
-
-
 def _scheme(namespace: str, feature: str) -> _Scheme:
-    return _SCHEMES.get((namespace, feature)) or _PerValue(namespace, feature)
+    """How the feature's list is said: by its vendor's shape of it, else one label a value."""
+    vendor = vendor_of(namespace)
+    shape = vendor.list_shapes.get(feature) if vendor is not None else None
+    if isinstance(shape, Threshold):
+        return _Threshold(namespace, feature, shape)
+    if isinstance(shape, PerMajor):
+        return _PerMajor(namespace, feature, shape)
+    return _PerValue(namespace, feature)
 
 
 def _is_cpu_flag(namespace: str, feature: str) -> bool:

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 
 from docker_variant.vendors.base import NamespaceRules, ValueRule
 from docker_variant.vendors.evidence import X86_ISA, Evidence, ImageEvidence, Proposed, Verdict
-from docker_variant.vendors.vendor import ContentsRules, Vendor
+from docker_variant.vendors.vendor import ContentsRules, Interval, Threshold, Vendor
 
 __all__ = ["AARCH64", "AARCH64_VENDOR", "CPU_NAMESPACES", "X86_64", "X86_64_VENDOR"]
 
@@ -71,9 +71,25 @@ def _level_part(feature: str, value: str) -> str | None:
     return value if feature == "level" else None  # ``v3``
 
 
+def _level_number(value: str) -> int | None:
+    """``v3`` -> 3: a host of level k lists ``vk`` down to ``v1``."""
+    match = re.fullmatch(r"v([1-9][0-9]{0,2})", value)
+    return None if match is None else int(match[1])
+
+
+def _levels(level: int) -> list[str]:
+    return [f"v{k}" for k in range(level, 0, -1)]
+
+
+def _level_interval(value: str) -> Interval | None:
+    level = _level_number(value)
+    return None if level is None else (level, None)
+
+
 X86_64_VENDOR = Vendor(
     X86_64,
     contents=ContentsRules(frozenset({"level"}), propose_level, verify_level, _level_part),
     device=False,
+    list_shapes={"level": Threshold(_levels, _level_number, _level_interval, highest=True)},
 )
 AARCH64_VENDOR = Vendor(AARCH64, device=False)

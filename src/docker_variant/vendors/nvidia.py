@@ -48,7 +48,16 @@ from docker_variant.vendors.evidence import (
     Proposed,
     Verdict,
 )
-from docker_variant.vendors.vendor import ContentsRules, Described, Detector, Vendor
+from docker_variant.vendors.vendor import (
+    ContentsRules,
+    Described,
+    Detector,
+    Interval,
+    ListShape,
+    PerMajor,
+    Threshold,
+    Vendor,
+)
 
 __all__ = [
     "DRA_DOMAIN",
@@ -191,6 +200,85 @@ def sm_arch_values(cc: Arch) -> list[str]:
     """``Mm_real`` down to ``M0_real``, then ``M0_virtual`` (the CMake arch flags that run here)."""
     major, minor = cc
     return [*(f"{major}{n}_real" for n in range(minor, -1, -1)), f"{major}0_virtual"]
+
+
+# How these lists are made, for node labels (``Vendor.list_shapes``): a driver of CUDA D as
+# one integer D.major * 100 + D.minor (minors of a driver are well under 100), and a GPU's
+# sm_arch list by its compute capability.
+_CUDA_BASE = 100
+
+
+def _cuda_number(value: str) -> tuple[int, int] | None:
+    parsed = cuda_value(value)
+    if parsed is None or parsed[1] >= _CUDA_BASE:
+        return None
+    return parsed[0], parsed[1]
+
+
+def _lower_interval(value: str) -> Interval | None:
+    """A driver of CUDA D lists ``v`` as a lower bound when 11 <= v.major and v <= D, and
+    v.minor <= 20 unless v.major is D's."""
+    cuda = _cuda_number(value)
+    if cuda is None or cuda[0] < MIN_MAJOR:
+        return None
+    major, minor = cuda
+    t = major * _CUDA_BASE + minor
+    return (t, None) if minor <= MAX_MINOR else (t, major * _CUDA_BASE + _CUDA_BASE - 1)
+
+
+def _lower_candidate(value: str) -> int | None:
+    cuda = _cuda_number(value)
+    return None if cuda is None else cuda[0] * _CUDA_BASE + cuda[1]
+
+
+def _upper_interval(value: str) -> Interval | None:
+    """A driver of CUDA D lists ``v`` as an upper bound when v > D, v.major <= 15 and
+    v.minor <= 20 (a bare major is major.0)."""
+    cuda = _cuda_number(value)
+    if cuda is None or cuda[0] > MAX_MAJOR or cuda[1] > MAX_MINOR:
+        return None
+    return None, cuda[0] * _CUDA_BASE + cuda[1] - 1
+
+
+def _upper_candidate(value: str) -> int | None:
+    """The highest driver whose upper bounds begin at ``value``."""
+    cuda = _cuda_number(value)
+    if cuda is None:
+        return None
+    major, minor = cuda
+    if minor > 0:
+        return major * _CUDA_BASE + minor - 1
+    return (major - 1) * _CUDA_BASE + MAX_MINOR if major > 0 else None
+
+
+def _least_listing(value: str) -> Arch | None:
+    """The least GPU whose ``sm_arch`` list holds ``value``; none lists ``Mm_virtual`` but
+    for ``m == 0``."""
+    sm = sm_arch_value(value)
+    if sm is None or (not sm[2] and sm[1] != 0):
+        return None
+    return sm[0], sm[1]
+
+
+LIST_SHAPES: dict[str, ListShape] = {
+    "cuda_version_lower_bound": Threshold(
+        lambda t: cuda_lower_bounds(divmod(t, _CUDA_BASE)),
+        _lower_candidate,
+        _lower_interval,
+        highest=True,
+    ),
+    "cuda_version_upper_bound": Threshold(
+        lambda t: cuda_upper_bounds(divmod(t, _CUDA_BASE)),
+        _upper_candidate,
+        _upper_interval,
+        highest=False,
+    ),
+    "sm_arch": PerMajor(
+        sm_arch_values,
+        _least_listing,
+        "the list of a GPU (Mm_real down to M0_real, then M0_virtual)",
+    ),
+}
 
 
 def supported_features(cuda: tuple[int, int] | None, cc: Arch | None) -> dict[str, list[str]]:
@@ -515,4 +603,5 @@ VENDOR = Vendor(
     detector=Detector(
         "docker_variant.providers.nvidia:detect_host", "NVML / nvidia-smi", cached=True
     ),
+    list_shapes=LIST_SHAPES,
 )

@@ -10,7 +10,9 @@ every other package loops over the registry (``vendors.registered()``,
 - ``contents``: what the binaries say (``inspect``, ``labels --from-image``, the
   ``push``/``publish`` label checks) and the vendor's part of a proposed label (``cu128``);
 - ``detector``: the host detection under ``providers/``, named by ``"module:function"`` and
-  imported only when detection runs, since ``vendors/`` sits below ``providers/``.
+  imported only when detection runs, since ``vendors/`` sits below ``providers/``;
+- ``list_shapes``: how a host's list of a feature is made (one driver version fixes it, or
+  each device's major and minor), so that Kubernetes node labels say it in a few labels.
 
 A namespace with no vendor (a device descriptor's, a third-party plugin's) is taken as
 declared: ``vendors.generic_rules``.
@@ -19,12 +21,20 @@ declared: ``vendors.generic_rules``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from docker_variant.vendors.base import DraMapping, NamespaceRules
 from docker_variant.vendors.evidence import ImageEvidence, Proposed, Verdict
 
-__all__ = ["ContentsRules", "Described", "Detector", "Vendor"]
+__all__ = [
+    "ContentsRules",
+    "Described",
+    "Detector",
+    "ListShape",
+    "PerMajor",
+    "Threshold",
+    "Vendor",
+]
 
 Lists = Mapping[str, Sequence[str]]  # one namespace's lists: feature -> values, best first
 
@@ -73,6 +83,40 @@ class Detector:
     cached: bool = False
 
 
+#: The thresholds ``lo..hi`` (inclusive; ``None``: unbounded) whose lists hold a value.
+Interval = tuple[int | None, int | None]
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A feature whose host list one integer ``t`` fixes (a driver's CUDA version, as
+    ``major * 100 + minor``; an x86-64 level): ``listed(t)`` is that list;
+    ``candidate(value)`` the ``t`` whose list a host holding ``value`` may have (``None``:
+    none); ``interval(value)`` the ``t`` whose lists hold ``value``; ``highest``: of several
+    candidates whose lists a host holds, the greatest says the most."""
+
+    listed: Callable[[int], list[str]]
+    candidate: Callable[[str], int | None]
+    interval: Callable[[str], Interval | None]
+    highest: bool
+
+
+@dataclass(frozen=True)
+class PerMajor:
+    """A feature each device lists from its ``(major, minor)`` (NVIDIA's ``sm_arch``):
+    ``listed((major, minor))`` is one device's list, every device of a higher minor of the
+    same major lists what a lower one does, and ``least(value)`` is the lowest device that
+    lists ``value`` (``None``: no device lists it alone). ``shape`` says such a list in
+    words."""
+
+    listed: Callable[[tuple[int, int]], list[str]]
+    least: Callable[[str], tuple[int, int] | None]
+    shape: str
+
+
+ListShape = Threshold | PerMajor
+
+
 @dataclass(frozen=True)
 class Vendor:
     """One namespace's rules and hooks; ``device``: whether it describes devices (an
@@ -83,6 +127,7 @@ class Vendor:
     contents: ContentsRules | None = None
     detector: Detector | None = None
     device: bool = True
+    list_shapes: Mapping[str, ListShape] = field(default_factory=dict)  # feature -> shape
 
     @property
     def namespace(self) -> str:
