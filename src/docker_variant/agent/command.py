@@ -242,8 +242,8 @@ def stop_on_signals(stop: threading.Event, *signums: int) -> None:
     signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
 
     def relay() -> None:
-        while os.read(read_fd, 1)[0] not in signums:
-            pass
+        while (byte := os.read(read_fd, 1)) and byte[0] not in signums:
+            pass  # another signal with a Python handler: not ours to act on
         stop.set()
 
     threading.Thread(target=relay, name="signal relay", daemon=True).start()
