@@ -263,27 +263,24 @@ def _containerd(args: Any) -> str | None:
 
 
 def _containerd_tls(args: Any) -> dict[str, Path | None]:
-    """``--containerd-ca-file`` and ``--containerd-client-cert/-key``, each a readable file
-    (exit 2 now, not a warning at every detection)."""
-    import os
+    """``--containerd-ca-file`` and ``--containerd-client-cert/-key``, checked now as every
+    TLS option is (``client_tls``: readable PEM, a CA bundle, a key that fits; exit 2), not
+    a warning at every detection."""
     from pathlib import Path
 
-    given = {
-        "containerd_ca": ("--containerd-ca-file", args.containerd_ca_file),
-        "containerd_client_cert": ("--containerd-client-cert", args.containerd_client_cert),
-        "containerd_client_key": ("--containerd-client-key", args.containerd_client_key),
+    from docker_variant.oci.http import TLSFiles, client_tls
+
+    ca, cert, key = args.containerd_ca_file, args.containerd_client_cert, args.containerd_client_key
+    names = ("--containerd-ca-file", "--containerd-client-cert", "--containerd-client-key")
+    given = [name for name, value in zip(names, (ca, cert, key), strict=True) if value is not None]
+    if given and not args.containerd_hosts:
+        raise InvalidInputError(f"{given[0]}: give --containerd-hosts REGISTRY too")
+    client_tls(TLSFiles(() if ca is None else (ca,), cert, key, names))
+    return {
+        "containerd_ca": Path(ca) if ca is not None else None,
+        "containerd_client_cert": Path(cert) if cert is not None else None,
+        "containerd_client_key": Path(key) if key is not None else None,
     }
-    named = [option for option, value in given.values() if value is not None]
-    if named and not args.containerd_hosts:
-        raise InvalidInputError(f"{named[0]}: give --containerd-hosts REGISTRY too")
-    if args.containerd_client_key is not None and args.containerd_client_cert is None:
-        raise InvalidInputError("--containerd-client-key: give --containerd-client-cert too")
-    found: dict[str, Path | None] = {}
-    for field, (option, value) in given.items():
-        if value is not None and not (os.path.isfile(value) and os.access(value, os.R_OK)):
-            raise InvalidInputError(f"{option} {value!r}: not a file this agent can read")
-        found[field] = Path(value) if value is not None else None
-    return found
 
 
 #: Where the Downward API puts the node's name (``fieldRef: spec.nodeName``).

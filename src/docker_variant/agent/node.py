@@ -77,6 +77,7 @@ from docker_variant.oci.errcode import read_error
 from docker_variant.oci.http import sync_client
 from docker_variant.providers import detect_host
 from docker_variant.retry import Backoff
+from docker_variant.textdoc import read_regular_file
 from docker_variant.variant.model import SupportedLists
 from docker_variant.variant.platform import host_platform, platform_of_lists
 
@@ -143,30 +144,6 @@ def backoff_delay(failures: int, interval: float, rng: random.Random) -> float:
 # --------------------------------------------------------------------------- answers
 
 
-#: A CA bundle or a client certificate is a few KiB; a file past this is not one.
-MAX_TLS_FILE_BYTES = 1 << 20
-
-
-def _tls_file(path: Path) -> bytes:
-    """A TLS file the agent copies for containerd, read whole (bounded)."""
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_TLS_FILE_BYTES + 1)
-    except OSError as exc:
-        raise InvalidInputError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_TLS_FILE_BYTES:
-        raise InvalidInputError(f"{path} is larger than {MAX_TLS_FILE_BYTES} bytes, no PEM file")
-    return data
-
-
-def _text_of(path: Path) -> str | None:
-    """The file's text; None when absent or unreadable (then it is written)."""
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
 def read_answer(response: httpx.Response, limit: int = MAX_ANSWER_BYTES) -> bytes:
     """The body of a streamed ``response``, refused (``HeartbeatError``) as soon as it
     exceeds ``limit`` bytes or is content-encoded (the agent asks for ``identity``, so that
@@ -199,6 +176,31 @@ def error_message(data: bytes, reason: str) -> str:
         return found.message
     text = data[:200].decode("utf-8", "replace")
     return one_line(text) or reason
+
+
+# --------------------------------------------------------------------------- containerd's files
+
+#: A CA bundle or a client certificate is a few KiB; a file past this is not one.
+MAX_TLS_FILE_BYTES = 1 << 20
+
+
+def _tls_file(path: Path) -> bytes:
+    """A TLS file the agent copies for containerd: a regular file, read whole (bounded)."""
+    try:
+        data = read_regular_file(path, MAX_TLS_FILE_BYTES + 1)
+    except OSError as exc:
+        raise InvalidInputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_TLS_FILE_BYTES:
+        raise InvalidInputError(f"{path} is larger than {MAX_TLS_FILE_BYTES} bytes, no PEM file")
+    return data
+
+
+def _text_of(path: Path) -> str | None:
+    """The file's text; None when absent or unreadable (then it is written)."""
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 # --------------------------------------------------------------------------- the agent
