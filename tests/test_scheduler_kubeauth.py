@@ -43,30 +43,36 @@ def _minted(client: httpx.Client, namespace: str, pod: dict[str, Any], audience:
     return str(answer.json()["status"]["token"])
 
 
+def _agent_pod_on_node_a(
+    kube_api: httpx.Client, namespace: str, name: str, **spec: Any
+) -> dict[str, Any]:
+    """A pod of the agents' ServiceAccount bound to the ready Node node-a, as the
+    DaemonSet's pod is (``spec``: more of its spec)."""
+    kubeplane.make_ready(
+        kube_api, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}
+    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "serviceAccountName": "variant-agent",
+            "nodeName": "node-a",
+            "containers": [{"name": "agent", "image": "variant-agent"}],
+            **spec,
+        },
+    }
+    return kubeplane.create(kube_api, pod, namespace)
+
+
 def test_an_agent_reports_for_its_pods_node_only(
     kube: Any, kube_api: httpx.Client, tmp_path: Path
 ) -> None:
     namespace = kubeplane.namespace_of(kube_api)
-    kubeplane.make_ready(
-        kube_api, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}
-    )
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "variant-agent"}}
     created = kube_api.post(f"/api/v1/namespaces/{namespace}/serviceaccounts", json=account)
     assert created.status_code == 201, created.text
-    pod = kubeplane.create(
-        kube_api,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "agent-a"},
-            "spec": {
-                "serviceAccountName": "variant-agent",
-                "nodeName": "node-a",  # bound, as the DaemonSet's pod is
-                "containers": [{"name": "agent", "image": "variant-agent"}],
-            },
-        },
-        namespace,
-    )
+    pod = _agent_pod_on_node_a(kube_api, namespace, "agent-a")
     token = _minted(kube_api, namespace, pod, AUDIENCE)
     other_audience = _minted(kube_api, namespace, pod, "https://kubernetes.default.svc")
 
@@ -158,23 +164,8 @@ def test_the_charts_scheduler_account_may_review_the_charts_agents_tokens(
     bound to a pod on node-a as that Node's; the agents' ServiceAccount may not review."""
     made = _apply_identities(kube_api)
     try:
-        kubeplane.make_ready(
-            kube_api, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}
-        )
-        pod = kubeplane.create(
-            kube_api,
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "chart-agent-a"},
-                "spec": {
-                    "serviceAccountName": "variant-agent",
-                    "automountServiceAccountToken": False,
-                    "nodeName": "node-a",
-                    "containers": [{"name": "agent", "image": "variant-agent"}],
-                },
-            },
-            "docker-variant",
+        pod = _agent_pod_on_node_a(
+            kube_api, "docker-variant", "chart-agent-a", automountServiceAccountToken=False
         )
         token = _minted(kube_api, "docker-variant", pod, AUDIENCE)
         reviewed = _review_as(kube, "variant-scheduler", token)
