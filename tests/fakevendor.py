@@ -16,10 +16,16 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from docker_variant.providers.hostroot import HostRoot
-from docker_variant.vendors import ContentsRules, Described, Detector, Vendor
+from docker_variant.vendors import (
+    ContentsRules,
+    Described,
+    Detector,
+    Interval,
+    Threshold,
+    Vendor,
+)
 from docker_variant.vendors.base import DraMapping, NamespaceRules, ValueRule, clauses_in_order
 from docker_variant.vendors.evidence import ELF, ImageEvidence, Proposed, Verdict
-from docker_variant.vendors.vendor import Interval, Threshold
 
 NAMESPACE = "fakenpu"
 DRA_DOMAIN = "npu.fake.example"

@@ -45,8 +45,14 @@ from typing import Any, Protocol
 
 from docker_variant.errors import InvalidInputError
 from docker_variant.variant import SupportedLists
-from docker_variant.vendors import CPU_NAMESPACES, cpu, newest_first, vendor_of
-from docker_variant.vendors.vendor import PerMajor, Threshold
+from docker_variant.vendors import (
+    CPU_NAMESPACES,
+    PerMajor,
+    Threshold,
+    cpu,
+    newest_first,
+    vendor_of,
+)
 
 __all__ = [
     "LABEL_PREFIX",

@@ -24,7 +24,16 @@ from functools import cache
 
 from docker_variant.vendors import amd, cpu, nvidia
 from docker_variant.vendors.base import DraMapping, NamespaceRules, ValueRule
-from docker_variant.vendors.vendor import ContentsRules, Described, Detector, Vendor
+from docker_variant.vendors.vendor import (
+    ContentsRules,
+    Described,
+    Detector,
+    Interval,
+    ListShape,
+    PerMajor,
+    Threshold,
+    Vendor,
+)
 
 __all__ = [
     "CPU_NAMESPACES",
@@ -32,7 +41,11 @@ __all__ = [
     "Described",
     "Detector",
     "DraMapping",
+    "Interval",
+    "ListShape",
     "NamespaceRules",
+    "PerMajor",
+    "Threshold",
     "ValueRule",
     "Vendor",
     "accelerator_namespaces",

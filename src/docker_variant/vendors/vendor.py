@@ -30,6 +30,7 @@ __all__ = [
     "ContentsRules",
     "Described",
     "Detector",
+    "Interval",
     "ListShape",
     "PerMajor",
     "Threshold",
