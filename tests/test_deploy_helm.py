@@ -474,6 +474,34 @@ def test_containerd_trusts_the_proxys_private_ca_and_presents_a_client_certifica
     assert {"proxy-ca", "containerd-client"}.isdisjoint(v["name"] for v in plain["volumes"])
 
 
+@pytest.mark.parametrize("values", sorted(VALUE_SETS))
+def test_the_real_apiserver_takes_the_agents_daemonset(values: str, kube_api: Any) -> None:
+    """The rendered agent DaemonSet (its containers' arguments and every volume the values
+    add: the CA bundles, the client certificates) created on the real v1.37.2 apiserver,
+    strict field validation, as a dry run (no controller makes its pods)."""
+    import kubeplane
+
+    objects = _by_key(_template(*VALUE_SETS[values]))
+    daemonset = objects.get(("DaemonSet", "variant-agent"))
+    if daemonset is None:
+        return  # agent.enabled=false renders none
+    daemonset = {**daemonset, "metadata": {**daemonset["metadata"]}}
+    daemonset["metadata"].pop("namespace", None)
+    url = f"/apis/apps/v1/namespaces/{kubeplane.namespace_of(kube_api)}/daemonsets"
+    answer = kube_api.post(
+        url, json=daemonset, params={"fieldValidation": "Strict", "dryRun": "All"}
+    )
+    assert answer.status_code == 201, answer.text
+    taken, rendered = (
+        answer.json()["spec"]["template"]["spec"],
+        daemonset["spec"]["template"]["spec"],
+    )
+    assert [c.get("args") for c in taken["containers"]] == [
+        c.get("args") for c in rendered["containers"]
+    ]
+    assert [v["name"] for v in taken["volumes"]] == [v["name"] for v in rendered["volumes"]]
+
+
 # --------------------------------------------------------------------------- notifications
 def test_the_registry_is_told_to_notify_the_front_which_admits_only_its_addresses() -> None:
     objects = _by_key(_template("proxy.notify.allowFrom={10.244.0.0/16,fd00::/8}"))
